@@ -1,0 +1,174 @@
+"""`Embedder`: load a local HF / sentence-transformers directory and encode text into unit vectors.
+
+    emb = Embedder.from_pretrained(path, pooling="mean", dtype="float32", num_layers=None)
+    vecs = emb.encode(texts, batch_size=32, max_length=512)   # [n, d] float32, L2-normalised
+
+Batches are grouped by length and padded to a few bucket lengths, so real passages are not all padded
+to max_length and jit compiles only a handful of shapes.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from caliber_jax import tokenization
+from caliber_jax.models import embedding
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def resolve_dtype(name: str) -> jnp.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}, expected one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def bucket_length(length: int) -> int:
+    """Smallest bucket >= length: multiples of 16 to 64, of 32 to 256, then of 64."""
+    step = 16 if length <= 64 else 32 if length <= 256 else 64
+    return max(16, -(-length // step) * step)
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Row indices grouped into batches of similar length (longest first, stable)."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad_batch(
+    id_lists: Sequence[Sequence[int]], *, rows: int, length: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads to `[rows, length]`; extra rows are all padding (mask 0)."""
+    ids = np.full((rows, length), pad_id, np.int32)
+    mask = np.zeros((rows, length), np.int32)
+    for row, seq in enumerate(id_lists):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+class Embedder:
+    """A loaded embedding model, its tokenizer and a jit-compiled encode function."""
+
+    def __init__(
+        self,
+        spec: embedding.ModelSpec,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        tokenizer,
+        *,
+        max_length: int,
+    ):
+        self.spec = spec
+        self.graphdef = graphdef
+        self.params = params
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        pad = tokenizer.pad_token_id if tokenizer is not None else None
+        self.pad_id = spec.config.pad_token_id if pad is None else pad
+        self._embed = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        pooling: str | None = None,
+        dtype: str = "float32",
+        num_layers: int | None = None,
+        out_dim: int | None = None,
+        tokenizer_dir: str | os.PathLike | None = None,
+        seed: int = 0,
+    ) -> "Embedder":
+        """Loads a local HF directory (config.json + safetensors + tokenizer files).
+
+        Args:
+            path: model directory in HF (optionally sentence-transformers) layout.
+            pooling: "mean" or "last"; None takes the directory's sentence-transformers pooling.
+            dtype: compute dtype, "float32" or "bfloat16" (params stay float32).
+            num_layers: keep only the first N encoder layers (to initialise a smaller student).
+            out_dim: add a W_out to this dimension when the directory has none (LEAF).
+            tokenizer_dir: where the tokenizer files are, if not in `path`.
+            seed: initialises a new W_out.
+        """
+        path = Path(path)
+        spec = embedding.read_spec(path, pooling=pooling, num_layers=num_layers, out_dim=out_dim)
+        flat = embedding.load_flat_params(path, spec, seed=seed)
+        graphdef, params = embedding.split_model(spec, flat, dtype=resolve_dtype(dtype))
+        tokenizer = tokenization.load_tokenizer(tokenizer_dir or path, required=False)
+        if tokenizer is not None and len(tokenizer) > spec.config.vocab_size:
+            raise ValueError(
+                f"{tokenizer_dir or path}: tokenizer has {len(tokenizer)} tokens but the model's "
+                f"vocab_size is {spec.config.vocab_size}"
+            )
+        return cls(spec, graphdef, params, tokenizer, max_length=_max_length(path, spec))
+
+    @property
+    def dim(self) -> int:
+        return self.spec.out_dim or self.spec.config.width
+
+    def tokenize(self, texts: Sequence[str], *, max_length: int | None = None) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError("this model directory has no tokenizer files; use encode_ids or pass tokenizer_dir")
+        return tokenization.tokenize(
+            self.tokenizer, texts, max_length=max_length or self.max_length
+        )
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 32,
+        max_length: int | None = None,
+        *,
+        query_task: str | None = None,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Texts -> [n, d] float32 unit vectors. `query_task` adds Qwen3's query instruction."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a sequence of texts, not one string")
+        texts = [tokenization.format_query(t, query_task) for t in texts]
+        return self.encode_ids(
+            self.tokenize(texts, max_length=max_length), batch_size=batch_size, progress=progress
+        )
+
+    def encode_ids(
+        self,
+        token_id_lists: Sequence[Sequence[int]],
+        batch_size: int = 32,
+        max_length: int | None = None,
+        *,
+        progress: bool = False,
+    ) -> np.ndarray:
+        """Already-tokenised input (no special tokens added) -> [n, d] float32 unit vectors."""
+        seqs = [list(s)[:max_length] if max_length else list(s) for s in token_id_lists]
+        if any(len(s) == 0 for s in seqs):
+            raise ValueError("encode_ids: empty token sequence")
+        out = np.zeros((len(seqs), self.dim), np.float32)
+        for rows in tqdm(length_batches([len(s) for s in seqs], batch_size), disable=not progress):
+            length = bucket_length(max(len(seqs[r]) for r in rows))
+            ids, mask = pad_batch(
+                [seqs[r] for r in rows], rows=batch_size, length=length, pad_id=self.pad_id
+            )
+            vecs = self._embed(self.params, ids, mask)
+            out[rows] = np.asarray(vecs)[: len(rows)]
+        return out
+
+    def encode_fn(self, **kwargs) -> Callable[[Sequence[str]], np.ndarray]:
+        """`texts -> vectors` closure for the evaluators."""
+        return lambda texts: self.encode(texts, **kwargs)
+
+
+def _max_length(path: Path, spec: embedding.ModelSpec) -> int:
+    """sentence-transformers' max_seq_length when recorded, else 512 (the paper's)."""
+    config = path / "sentence_bert_config.json"
+    if config.is_file():
+        import json
+
+        return int(json.loads(config.read_text()).get("max_seq_length") or 512)
+    limit = getattr(spec.config, "max_position_embeddings", 512)
+    return min(512, limit)

@@ -1,0 +1,172 @@
+"""BERT-family encoder (BERT, MiniLM as in all-MiniLM-L6-v2), mirroring HF `BertModel` without pooler.
+
+Legend: B batch, T tokens, D model width, N heads, H head dim, F MLP width.
+Post-LayerNorm blocks with exact (erf) GELU and learned absolute positions.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from caliber_jax.models import layers
+
+_ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture of a BERT encoder; `from_hf` reads a HF `config.json` dict."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "BertConfig":
+        if hf.get("model_type") not in ("bert", None):
+            raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, expected 'bert'")
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(
+                f"config.json: position_embedding_type={hf['position_embedding_type']!r}, "
+                "only 'absolute' is supported"
+            )
+        act = hf.get("hidden_act", "gelu")
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"config.json: hidden_act={act!r}, expected one of {sorted(_ACTIVATIONS)}")
+        if hf["hidden_size"] % hf["num_attention_heads"]:
+            raise ValueError("config.json: hidden_size is not a multiple of num_attention_heads")
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            max_position_embeddings=hf.get("max_position_embeddings", 512),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+            hidden_act=act,
+            pad_token_id=hf.get("pad_token_id") or 0,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `config.json` fields that `transformers.BertModel` needs to rebuild this encoder."""
+        return {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+            "position_embedding_type": "absolute",
+        }
+
+    @property
+    def width(self) -> int:
+        return self.hidden_size
+
+
+def _linear(d_in: int, d_out: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        d_in,
+        d_out,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+    )
+
+
+def _embed(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
+    init = nnx.initializers.normal(0.02)
+    return nnx.Embed(
+        count, width, dtype=dtype, param_dtype=jnp.float32, embedding_init=init, rngs=rngs
+    )
+
+
+class BertEmbeddings(nnx.Module):
+    """Word + absolute position + token-type embeddings, then LayerNorm."""
+
+    def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        d = config.hidden_size
+        self.word_embeddings = _embed(config.vocab_size, d, dtype=dtype, rngs=rngs)
+        self.position_embeddings = _embed(config.max_position_embeddings, d, dtype=dtype, rngs=rngs)
+        self.token_type_embeddings = _embed(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
+        self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
+
+    def __call__(self, input_ids_bt: jax.Array) -> jax.Array:
+        positions = jnp.arange(input_ids_bt.shape[1])[None, :]
+        # Token type 0 everywhere: sentence embedders encode single segments.
+        x_btd = (
+            self.word_embeddings(input_ids_bt)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(jnp.zeros_like(input_ids_bt))
+        )
+        return self.LayerNorm(x_btd)
+
+
+class BertLayer(nnx.Module):
+    """Post-LN block. Names follow HF's `attention.self.query` etc. flattened one level."""
+
+    def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        d, f, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
+        self.query = _linear(d, d, dtype=dtype, rngs=rngs)
+        self.key = _linear(d, d, dtype=dtype, rngs=rngs)
+        self.value = _linear(d, d, dtype=dtype, rngs=rngs)
+        self.attention_output = _linear(d, d, dtype=dtype, rngs=rngs)
+        self.attention_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
+        self.intermediate = _linear(d, f, dtype=dtype, rngs=rngs)
+        self.output = _linear(f, d, dtype=dtype, rngs=rngs)
+        self.output_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
+        self.num_heads = config.num_attention_heads
+        self.activation = _ACTIVATIONS[config.hidden_act]
+
+    def __call__(self, x_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+        b, t, _ = x_btd.shape
+        heads = (b, t, self.num_heads, -1)
+        q_btnh = self.query(x_btd).reshape(heads)
+        k_btnh = self.key(x_btd).reshape(heads)
+        v_btnh = self.value(x_btd).reshape(heads)
+        out_btnh = layers.attention(q_btnh, k_btnh, v_btnh, attention_mask_bt, causal=False)
+        x_btd = self.attention_layernorm(x_btd + self.attention_output(out_btnh.reshape(b, t, -1)))
+        hidden_btf = self.activation(self.intermediate(x_btd))
+        return self.output_layernorm(x_btd + self.output(hidden_btf))
+
+
+class BertEncoder(nnx.Module):
+    """Token ids [B, T] and mask [B, T] -> last hidden states [B, T, D]."""
+
+    def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False):
+        self.config = config
+        self.embeddings = BertEmbeddings(config, dtype=dtype, rngs=rngs)
+        self.layer = nnx.List(
+            [BertLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_hidden_layers)]
+        )
+        self.remat = remat
+
+    def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+        if input_ids_bt.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {input_ids_bt.shape[1]} exceeds max_position_embeddings="
+                f"{self.config.max_position_embeddings}"
+            )
+        apply = nnx.remat(_apply_layer) if self.remat else _apply_layer
+        x_btd = self.embeddings(input_ids_bt)
+        for layer in self.layer:
+            x_btd = apply(layer, x_btd, attention_mask_bt)
+        return x_btd
+
+
+def _apply_layer(layer: BertLayer, *args: jax.Array) -> jax.Array:
+    return layer(*args)

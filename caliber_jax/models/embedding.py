@@ -1,0 +1,184 @@
+"""The embedder around any encoder: pool, optional Linear W_out (LEAF), L2-normalise.
+
+s(x) = normalize(W_out . pool(encoder(x))), with W_out present only when the output dimension
+differs from the encoder width. Legend: B batch, T tokens, D encoder width, E output dimension.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from caliber_jax.models import hf, layers
+
+DENSE_DIR = "2_Dense"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild an `EmbeddingModel` and write it back as a HF directory."""
+
+    family: str
+    config: Any
+    pooling: str
+    out_dim: int | None
+    raw_config: dict[str, Any]
+
+
+class EmbeddingModel(nnx.Module):
+    """Encoder + pooling + optional `dense` (W_out) + L2 normalisation."""
+
+    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False):
+        if spec.pooling not in layers.POOLERS:
+            raise ValueError(f"pooling={spec.pooling!r}, expected one of {sorted(layers.POOLERS)}")
+        encoder_cls = hf.FAMILIES[spec.family][1]
+        self.encoder = encoder_cls(spec.config, dtype=dtype, rngs=rngs, remat=remat)
+        width = spec.config.width
+        self.dense = nnx.data(None)
+        if spec.out_dim is not None and spec.out_dim != width:
+            self.dense = nnx.Linear(
+                width,
+                spec.out_dim,
+                param_dtype=jnp.float32,
+                kernel_init=nnx.initializers.xavier_uniform(),
+                rngs=rngs,
+            )
+        self.pooling = spec.pooling
+
+    def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+        """Returns [B, E] float32 unit vectors."""
+        hidden_btd = self.encoder(input_ids_bt, attention_mask_bt)
+        pooled_bd = layers.POOLERS[self.pooling](hidden_btd, attention_mask_bt)
+        if self.dense is not None:
+            pooled_bd = self.dense(pooled_bd)  # float32: W_out is tiny and feeds the loss directly
+        return layers.l2_normalize(pooled_bd)
+
+
+def read_spec(
+    model_dir: str | Path,
+    *,
+    pooling: str | None = None,
+    num_layers: int | None = None,
+    out_dim: int | None = None,
+) -> ModelSpec:
+    """Reads the architecture of a HF / sentence-transformers directory.
+
+    `pooling=None` takes the directory's sentence-transformers pooling (mean if none is recorded).
+    `out_dim` adds a fresh W_out when the directory has no Dense module and out_dim != width.
+    """
+    model_dir = Path(model_dir)
+    family, config, raw = hf.load_config(model_dir)
+    config = hf.with_num_layers(config, num_layers)
+    dense = _read_dense_config(model_dir)
+    if dense is not None:
+        if dense["in_features"] != config.width:
+            raise ValueError(
+                f"{model_dir / DENSE_DIR}/config.json: in_features={dense['in_features']} but the "
+                f"encoder width is {config.width}"
+            )
+        if out_dim is not None and out_dim != dense["out_features"]:
+            raise ValueError(
+                f"out_dim={out_dim} but {model_dir / DENSE_DIR} projects to {dense['out_features']}"
+            )
+        out_dim = dense["out_features"]
+    return ModelSpec(
+        family=family,
+        config=config,
+        pooling=pooling or _read_pooling(model_dir),
+        out_dim=out_dim if out_dim != config.width else None,
+        raw_config=raw,
+    )
+
+
+def _read_pooling(model_dir: Path) -> str:
+    modules = model_dir / "modules.json"
+    if not modules.is_file():
+        return "mean"
+    for module in json.loads(modules.read_text()):
+        if module["type"].endswith("Pooling"):
+            conf = json.loads((model_dir / module["path"] / "config.json").read_text())
+            if conf.get("pooling_mode_mean_tokens"):
+                return "mean"
+            if conf.get("pooling_mode_lasttoken"):
+                return "last"
+            raise ValueError(f"{model_dir / module['path']}/config.json: unsupported pooling {conf}")
+    return "mean"
+
+
+def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
+    path = model_dir / DENSE_DIR / "config.json"
+    if not path.is_file():
+        return None
+    conf = json.loads(path.read_text())
+    activation = conf.get("activation_function", "torch.nn.modules.linear.Identity")
+    if not activation.endswith("Identity"):
+        raise ValueError(f"{path}: activation_function={activation!r}, only Identity is supported")
+    if not conf.get("bias", True):
+        raise ValueError(f"{path}: bias=false is not supported")
+    return conf
+
+
+def abstract_model(spec: ModelSpec, *, dtype: jnp.dtype, remat: bool = False) -> EmbeddingModel:
+    """The model's structure with `jax.ShapeDtypeStruct` leaves: no memory is allocated."""
+    return nnx.eval_shape(lambda: EmbeddingModel(spec, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
+
+
+def load_flat_params(model_dir: str | Path, spec: ModelSpec, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Flat float32 params (`encoder.*`, `dense.*`) read from a HF / sentence-transformers directory.
+
+    A W_out that the directory does not hold is initialised (Xavier uniform, zero bias) from `seed`.
+    """
+    model_dir = Path(model_dir)
+    tensors = hf.read_safetensors(model_dir)
+    source = str(model_dir)
+    flat = {
+        f"encoder.{k}": v
+        for k, v in hf.hf_to_flat(tensors, spec.family, spec.config, source=source).items()
+    }
+    if spec.out_dim is None:
+        return flat
+    width = spec.config.width
+    if (model_dir / DENSE_DIR / "model.safetensors").is_file():
+        dense = hf.read_safetensors(model_dir / DENSE_DIR)
+        for name, shape in (("linear.weight", (spec.out_dim, width)), ("linear.bias", (spec.out_dim,))):
+            if name not in dense:
+                raise ValueError(f"{model_dir / DENSE_DIR}: missing tensor {name!r}")
+            if tuple(dense[name].shape) != shape:
+                raise ValueError(
+                    f"{model_dir / DENSE_DIR}: tensor {name!r} has shape {dense[name].shape}, "
+                    f"expected {shape}"
+                )
+        flat["dense.kernel"] = np.asarray(dense["linear.weight"], np.float32).T
+        flat["dense.bias"] = np.asarray(dense["linear.bias"], np.float32)
+    else:
+        limit = np.sqrt(6.0 / (width + spec.out_dim))
+        rng = np.random.default_rng(seed)
+        flat["dense.kernel"] = rng.uniform(-limit, limit, (width, spec.out_dim)).astype(np.float32)
+        flat["dense.bias"] = np.zeros((spec.out_dim,), np.float32)
+    return flat
+
+
+def split_model(
+    spec: ModelSpec, flat: dict[str, np.ndarray], *, dtype: jnp.dtype, remat: bool = False
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) for `spec` filled with `flat`; shapes are checked against the model."""
+    graphdef, state = nnx.split(abstract_model(spec, dtype=dtype, remat=remat), nnx.Param)
+    expected = hf.flatten(nnx.to_pure_dict(state))
+    if missing := sorted(set(expected) - set(flat)):
+        raise ValueError(f"parameters missing from the checkpoint: {missing[:5]}")
+    for name, leaf in expected.items():
+        if tuple(flat[name].shape) != tuple(leaf.shape):
+            raise ValueError(f"parameter {name!r}: shape {flat[name].shape}, expected {leaf.shape}")
+    nnx.replace_by_pure_dict(state, hf.unflatten({k: jnp.asarray(flat[k]) for k in expected}))
+    return graphdef, state
+
+
+def params_to_flat(params: nnx.State | dict[str, Any]) -> dict[str, np.ndarray]:
+    """Params state (or its pure dict) -> flat `{path: np.ndarray}` on the host."""
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    return {k: np.asarray(jax.device_get(v)) for k, v in hf.flatten(pure).items()}

