@@ -1,0 +1,1 @@
+"""Host-side data: corpus reading, numeric perturbations and NumGap construction (no jax)."""

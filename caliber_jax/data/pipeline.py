@@ -1,0 +1,393 @@
+"""Grain input pipeline: passages, perturbations and teacher rows joined by index, batched as numpy.
+
+Each epoch's batch order is a pure function of (seed, epoch): a seeded permutation, optional
+length grouping (sort windows of several batches by token length, cut batches, shuffle the batch
+order), then every process takes its slice of each global batch. Grain runs the per-batch work
+(tokenize, pad, read teacher rows) in threads or worker processes and gives a checkpointable
+iterator whose state is the index of the next batch.
+"""
+
+import gzip
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grain
+import numpy as np
+
+from caliber_jax.data import teacher
+
+# tokenize_fn(texts, max_length) -> token ids per text, special tokens included, truncated.
+TokenizeFn = Callable[[list[str], int], list[list[int]]]
+# Texts per tokenize_fn call when measuring the corpus's token lengths.
+_TOKENIZE_ROWS = 4096
+
+
+def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Reads a passages `.jsonl` (or `.jsonl.gz`) with fields id, text, perturbed (str or null).
+
+    Returns:
+      (texts, perturbed), row-aligned; a passage without a perturbation gets "".
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    texts: list[str] = []
+    perturbed: list[str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            text, pert = record.get("text"), record.get("perturbed")
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"{path}:{line_number}: field 'text' must be a non-empty string")
+            if pert is not None and not isinstance(pert, str):
+                raise ValueError(f"{path}:{line_number}: field 'perturbed' must be str or null")
+            texts.append(text)
+            perturbed.append(pert or "")
+    if not texts:
+        raise ValueError(f"{path}: no passages")
+    return texts, perturbed
+
+
+class TrainSource:
+    """Random-access rows {text, perturbed, has_pert, teacher_x, teacher_px, index}.
+
+    The teacher stores are checked (row count, dim, text hash) when the source is built and again
+    when a worker first reads them. Pickling drops the texts and TensorStore handles, so a worker
+    process reloads the passages file and verifies its hash before use.
+    """
+
+    def __init__(
+        self,
+        passages_path: str | os.PathLike,
+        *,
+        teacher_x_path: str | os.PathLike,
+        teacher_px_path: str | os.PathLike | None,
+        dim: int,
+    ):
+        """Builds the source.
+
+        Args:
+          passages_path: passages `.jsonl[.gz]`, row i = passage i.
+          teacher_x_path: teacher store of the passages (row i = t(x_i)).
+          teacher_px_path: teacher store of the perturbations (row i = t(pi(x_i)), zero when
+            there is none); None only when no passage has a perturbation.
+          dim: d, the width the student projects to.
+        """
+        self.passages_path = Path(passages_path)
+        texts, perturbed = load_passages(self.passages_path)
+        self._texts: list[str] | None = texts
+        self._perturbed: list[str] | None = perturbed
+        self._hashes = (teacher.text_hash(texts), teacher.text_hash(perturbed))
+        self.num_rows = len(texts)
+        self.dim = dim
+        self.teacher_x = teacher.open_reader(
+            teacher_x_path, expect_rows=self.num_rows, expect_dim=dim, expect_hash=self._hashes[0]
+        )
+        if teacher_px_path is None:
+            if any(perturbed):
+                raise ValueError(
+                    f"{self.passages_path}: {sum(map(bool, perturbed))} passages have a "
+                    "perturbation but teacher_px_path is None"
+                )
+            self.teacher_px = None
+        else:
+            self.teacher_px = teacher.open_reader(
+                teacher_px_path,
+                expect_rows=self.num_rows,
+                expect_dim=dim,
+                expect_hash=self._hashes[1],
+            )
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        texts, perturbed = self.read_texts([index])
+        teacher_x, teacher_px = self.read_teacher(np.array([index]))
+        return {
+            "text": texts[0],
+            "perturbed": perturbed[0],
+            "has_pert": bool(perturbed[0]),
+            "teacher_x": teacher_x[0],
+            "teacher_px": teacher_px[0],
+            "index": int(index),
+        }
+
+    def read_texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
+        """Returns (texts, perturbed) for the rows; "" where a row has no perturbation."""
+        texts, perturbed = self._loaded()
+        return [texts[i] for i in indices], [perturbed[i] for i in indices]
+
+    def read_teacher(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns teacher rows ([n, d] x, [n, d] pi(x)) float32; pi(x) rows are 0 if absent."""
+        teacher_x = self.teacher_x[indices]
+        if self.teacher_px is None:
+            return teacher_x, np.zeros_like(teacher_x)
+        return teacher_x, self.teacher_px[indices]
+
+    def _loaded(self) -> tuple[list[str], list[str]]:
+        with self._lock:
+            if self._texts is None:
+                texts, perturbed = load_passages(self.passages_path)
+                if (teacher.text_hash(texts), teacher.text_hash(perturbed)) != self._hashes:
+                    raise ValueError(
+                        f"{self.passages_path}: file changed since the source was built"
+                    )
+                self._texts, self._perturbed = texts, perturbed
+            return self._texts, self._perturbed
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_texts": None, "_perturbed": None, "_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+
+def batches_per_epoch(num_rows: int, *, batch_size: int, drop_remainder: bool) -> int:
+    """Returns the number of global batches in one epoch."""
+    return num_rows // batch_size if drop_remainder else -(-num_rows // batch_size)
+
+
+def make_epoch_batches(
+    lengths: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    length_group_window: int,
+    drop_remainder: bool,
+) -> np.ndarray:
+    """Returns one epoch's global batches as row indices, a pure function of (seed, epoch).
+
+    Args:
+      lengths: [N] grouping key per row.
+      batch_size: B, global.
+      seed: base seed.
+      epoch: epoch number; each epoch gets its own permutation.
+      shuffle: permute rows and batches; False keeps row order.
+      length_group_window: W; if > 1, each run of W*B consecutive (shuffled) rows is sorted by
+        length before cutting batches, so batches hold rows of similar length. 1 disables it.
+      drop_remainder: drop the last N % B rows instead of padding their batch with -1.
+
+    Returns:
+      [num_batches, B] int64; -1 marks padding slots (only in the last batch).
+    """
+    num_rows = len(lengths)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(num_rows) if shuffle else np.arange(num_rows)
+    if length_group_window > 1:
+        window = length_group_window * batch_size
+        order = np.concatenate(
+            [
+                part[np.argsort(lengths[part], kind="stable")]
+                for part in np.split(order, range(window, num_rows, window))
+            ]
+        )
+    num_full = num_rows // batch_size
+    batches = order[: num_full * batch_size].reshape(num_full, batch_size)
+    if shuffle:
+        # Grouped batches come out sorted by length within each window; mix their order.
+        batches = batches[rng.permutation(num_full)]
+    remainder = order[num_full * batch_size :]
+    if remainder.size and not drop_remainder:
+        last = np.full((1, batch_size), -1, dtype=np.int64)
+        last[0, : remainder.size] = remainder
+        batches = np.concatenate([batches, last])
+    return batches.astype(np.int64)
+
+
+def make_loader(
+    source: TrainSource,
+    *,
+    batch_size: int,
+    seed: int,
+    num_epochs: int | None,
+    shuffle: bool,
+    process_index: int,
+    process_count: int,
+    tokenize_fn: TokenizeFn,
+    max_length: int,
+    pad_id: int,
+    pad_to_multiple: int,
+    length_group_window: int,
+    drop_remainder: bool,
+    worker_count: int,
+    read_threads: int,
+) -> grain.IterDataset:
+    """Builds the training input pipeline; `iter()` it for a checkpointable grain iterator.
+
+    Tokenizes the whole corpus once here to learn every row's token length: the length-grouping
+    key, and what lets each process pad to the global batch's length while tokenizing only its
+    own rows. Each element is this process's share (b = B/P rows) of one global batch, as numpy:
+      input_ids, attention_mask: [b, T] int32, T = the global batch's longest passage rounded up
+        to a multiple of `pad_to_multiple`, capped at `max_length` (same on every process).
+      pert_input_ids, pert_attention_mask: [b, T'] int32; a row without a perturbation holds the
+        tokenization of "" (e.g. [CLS] [SEP]).
+      has_pert: [b] bool.  teacher_x, teacher_px: [b, d] float32 (teacher_px 0 where no pert).
+      index: [b] int64 row index, -1 for padding rows.  weight: [b] float32, 0 for padding rows.
+    Padding rows (last batch, `drop_remainder=False`) copy real rows so they encode cleanly.
+
+    Args:
+      source: the rows.
+      batch_size: B, global; divisible by `process_count`.
+      seed: shuffle seed.
+      num_epochs: epochs to yield, or None for endless.
+      shuffle: shuffle rows and batches each epoch.
+      process_index: this host, in [0, process_count).
+      process_count: number of hosts.
+      tokenize_fn: texts, max_length -> ids per text (special tokens included, truncated);
+        must be deterministic and picklable when `worker_count > 0`.
+      max_length: longest allowed sequence.
+      pad_id: id used for padding.
+      pad_to_multiple: sequence lengths are rounded up to a multiple of this.
+      length_group_window: W batches sorted together by length; 1 disables grouping.
+      drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
+      worker_count: grain worker processes; 0 runs in this process.
+      read_threads: threads per process preparing batches, also the prefetch depth (0 = none).
+
+    Returns:
+      A `grain.IterDataset` of batch dicts.
+    """
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
+        raise ValueError(
+            f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
+            f"{max_length}, {length_group_window}"
+        )
+    per_epoch = batches_per_epoch(len(source), batch_size=batch_size, drop_remainder=drop_remainder)
+    if per_epoch == 0:
+        raise ValueError(f"{len(source)} rows give no batch of {batch_size} with drop_remainder")
+    texts, perturbed = source.read_texts(range(len(source)))
+    lengths = _token_lengths(tokenize_fn, texts, max_length)
+    pert_lengths = _token_lengths(tokenize_fn, perturbed, max_length)
+    load_batch = _LoadBatch(
+        source,
+        lengths=lengths,
+        pert_lengths=pert_lengths,
+        per_epoch=per_epoch,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        length_group_window=length_group_window,
+        drop_remainder=drop_remainder,
+        process_index=process_index,
+        process_count=process_count,
+        tokenize_fn=tokenize_fn,
+        max_length=max_length,
+        pad_id=pad_id,
+        pad_to_multiple=pad_to_multiple,
+    )
+    num_steps = sys.maxsize if num_epochs is None else num_epochs * per_epoch
+    dataset = grain.MapDataset.range(num_steps).map(load_batch)
+    read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=read_threads)
+    loader = dataset.to_iter_dataset(read_options)
+    if worker_count > 0:
+        loader = loader.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+    return loader
+
+
+def _token_lengths(tokenize_fn: TokenizeFn, texts: list[str], max_length: int) -> np.ndarray:
+    """Returns [N] token counts; "" is tokenized once (most rows lack a perturbation)."""
+    rows = [i for i, text in enumerate(texts) if text]
+    lengths = np.full(len(texts), len(tokenize_fn([""], max_length)[0]), dtype=np.int64)
+    for start in range(0, len(rows), _TOKENIZE_ROWS):
+        part = rows[start : start + _TOKENIZE_ROWS]
+        ids = tokenize_fn([texts[i] for i in part], max_length)
+        lengths[part] = [len(row) for row in ids]
+    if lengths.max() > max_length:
+        raise ValueError(f"tokenize_fn returned {lengths.max()} ids, above {max_length=}")
+    return lengths
+
+
+class _LoadBatch:
+    """Maps a global step to this process's batch dict (picklable for grain workers)."""
+
+    def __init__(
+        self,
+        source: TrainSource,
+        *,
+        lengths: np.ndarray,
+        pert_lengths: np.ndarray,
+        per_epoch: int,
+        **options,
+    ):
+        self.source = source
+        self.lengths = lengths
+        self.pert_lengths = pert_lengths
+        self.per_epoch = per_epoch
+        self.options = options
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        o = self.options
+        epoch, position = divmod(step, self.per_epoch)
+        cached = self._cache
+        if cached is None or cached[0] != epoch:
+            plan = make_epoch_batches(
+                np.maximum(self.lengths, self.pert_lengths),
+                batch_size=o["batch_size"],
+                seed=o["seed"],
+                epoch=epoch,
+                shuffle=o["shuffle"],
+                length_group_window=o["length_group_window"],
+                drop_remainder=o["drop_remainder"],
+            )
+            cached = self._cache = (epoch, plan)
+        rows = cached[1][position]
+        real = rows >= 0
+        filled = rows.copy()
+        filled[~real] = rows[real][np.arange(np.sum(~real)) % np.sum(real)]
+        local = o["batch_size"] // o["process_count"]
+        mine = filled[o["process_index"] * local : (o["process_index"] + 1) * local]
+        texts, perturbed = self.source.read_texts(mine)
+        # Lengths come from the whole global batch, so every process pads to the same shape.
+        input_ids, attention_mask = self._tokenize_pad(texts, self.lengths, filled, mine)
+        pert_input_ids, pert_attention_mask = self._tokenize_pad(
+            perturbed, self.pert_lengths, filled, mine
+        )
+        has_pert = np.array([bool(text) for text in perturbed])
+        teacher_x, teacher_px = self.source.read_teacher(mine)
+        teacher_px[~has_pert] = 0.0
+        slot = slice(o["process_index"] * local, (o["process_index"] + 1) * local)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "pert_input_ids": pert_input_ids,
+            "pert_attention_mask": pert_attention_mask,
+            "has_pert": has_pert,
+            "teacher_x": teacher_x,
+            "teacher_px": teacher_px,
+            "index": rows[slot].copy(),
+            "weight": real[slot].astype(np.float32),
+        }
+
+    def _tokenize_pad(
+        self, texts: list[str], lengths: np.ndarray, batch: np.ndarray, mine: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        multiple = self.options["pad_to_multiple"]
+        longest = max(1, int(lengths[batch].max()))
+        length = min(self.options["max_length"], -(-longest // multiple) * multiple)
+        ids = self.options["tokenize_fn"](texts, self.options["max_length"])
+        found = [len(row) for row in ids]
+        if found != lengths[mine].tolist():
+            raise ValueError(
+                f"tokenize_fn is not deterministic: rows {mine.tolist()} gave lengths {found}, "
+                f"{lengths[mine].tolist()} when the loader was built"
+            )
+        padded = np.full((len(ids), length), self.options["pad_id"], dtype=np.int32)
+        mask = np.zeros((len(ids), length), dtype=np.int32)
+        for i, row in enumerate(ids):
+            padded[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return padded, mask

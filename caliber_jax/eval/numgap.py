@@ -1,0 +1,97 @@
+"""NumGap (paper Sec. 4): does a numeric perturbation break cosine more than a topical distractor.
+
+NumGap-D = mean 1[s_p < s_d] and NumGap-M = mean(s_d - s_p), with s_p = cos(x, pi(x)) and
+s_d = cos(x, x_dist), overall and per perturbation category. No jax.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from caliber_jax.eval import EncodeFn, encode_texts
+
+FIELDS = ("category", "anchor", "perturbed", "distractor")
+
+
+def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.sum(a * b, axis=1) / np.maximum(norms, 1e-12)
+
+
+def numgap_scores(
+    anchor_vecs: np.ndarray, pert_vecs: np.ndarray, dist_vecs: np.ndarray
+) -> tuple[float, float]:
+    """NumGap-D and NumGap-M of `[N, D]` anchor, perturbation and distractor vectors.
+
+    Cosines are computed in float64 from the vectors as given (divided by their norms).
+
+    Returns:
+      `(D, M)`: D = mean 1[s_p < s_d] (strict; random = 0.5), M = mean(s_d - s_p).
+    """
+    if not anchor_vecs.shape == pert_vecs.shape == dist_vecs.shape or anchor_vecs.ndim != 2:
+        raise ValueError(
+            f"expected three [N, D] arrays, got {anchor_vecs.shape}, {pert_vecs.shape}, "
+            f"{dist_vecs.shape}"
+        )
+    if anchor_vecs.shape[0] == 0:
+        raise ValueError("NumGap needs at least one record")
+    s_p = _row_cosine(anchor_vecs, pert_vecs)
+    s_d = _row_cosine(anchor_vecs, dist_vecs)
+    return float(np.mean(s_p < s_d)), float(np.mean(s_d - s_p))
+
+
+def load_numgap(path: str | Path) -> list[dict[str, str]]:
+    """Reads NumGap JSONL: one record per line with non-empty string fields FIELDS.
+
+    Extra fields are kept; blank lines are skipped. A bad record raises ValueError naming
+    `path:line` and the field.
+    """
+    records = []
+    with open(path, encoding="utf-8") as file:
+        for line_number, line in enumerate(file, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON: {error}") from error
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            for field in FIELDS:
+                value = record.get(field)
+                if not isinstance(value, str) or not value.strip():
+                    raise ValueError(f"{where}: field {field!r} must be a non-empty string")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def evaluate(encode_fn: EncodeFn, records: Sequence[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """NumGap-D/M overall and per category; each unique text is encoded once.
+
+    Returns:
+      {"overall": {"D", "M", "n"}, "<category>": {"D", "M", "n"}, ...}, categories sorted.
+    """
+    if not records:
+        raise ValueError("NumGap needs at least one record")
+    texts = list(dict.fromkeys(r[field] for r in records for field in FIELDS[1:]))
+    vectors = encode_texts(encode_fn, texts, "NumGap texts")
+    row_of = {text: row for row, text in enumerate(texts)}
+
+    def scores(subset: Sequence[dict[str, str]]) -> dict[str, float]:
+        anchor, pert, dist = (vectors[[row_of[r[field]] for r in subset]] for field in FIELDS[1:])
+        d, m = numgap_scores(anchor, pert, dist)
+        return {"D": d, "M": m, "n": len(subset)}
+
+    results = {"overall": scores(records)}
+    for category in sorted({r["category"] for r in records}):
+        if category == "overall":
+            raise ValueError("a NumGap category may not be called 'overall'")
+        results[category] = scores([r for r in records if r["category"] == category])
+    return results

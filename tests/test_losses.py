@@ -1,0 +1,219 @@
+"""Tests for caliber_jax/losses.py against values worked out by hand."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from caliber_jax import losses
+
+# A hand-made batch of 2-D unit vectors (B=3, D=2); rows 0 and 1 have a perturbation, row 2 not.
+# row 0: s_x=(1,0)   t_x=(.6,.8)  s_px=(.8,.6) t_px=(.6,.8)
+#   La(x)  = |(.4,-.8)|  = sqrt(.16+.64) = sqrt(.8)
+#   La(px) = |(.2,-.2)|  = sqrt(.04+.04) = sqrt(.08)
+#   Ds = 1 - (1*.8 + 0*.6) = .2 ; Dt = 1 - (.36+.64) = 0 ; hinge = max(0, 0 + .05 - .2) = 0
+# row 1: s_x=(0,1)   t_x=(0,1)    s_px=(0,1)   t_px=(.6,.8)
+#   La(x) = 0 ; La(px) = |(-.6,.2)| = sqrt(.36+.04) = sqrt(.4)
+#   Ds = 0 ; Dt = 1 - .8 = .2 ; hinge = .2 + .05 - 0 = .25 (active)
+# row 2: s_x=(1,0)   t_x=(0,1)    La(x) = sqrt(2); its s_px/t_px are never read.
+S_X = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+T_X = [[0.6, 0.8], [0.0, 1.0], [0.0, 1.0]]
+S_PX = [[0.8, 0.6], [0.0, 1.0], [0.3, -0.1]]
+T_PX = [[0.6, 0.8], [0.6, 0.8], [-0.5, 0.2]]
+HAS_PERT = [True, True, False]
+
+ROW0 = math.sqrt(0.8) + math.sqrt(0.08) + 0.5 * 0.0
+ROW1 = 0.0 + math.sqrt(0.4) + 0.5 * 0.25
+ROW2 = math.sqrt(2.0)
+
+
+def _batch(**overrides):
+    arrays = {
+        "s_x": jnp.array(S_X, jnp.float32),
+        "s_px": jnp.array(S_PX, jnp.float32),
+        "t_x": jnp.array(T_X, jnp.float32),
+        "t_px": jnp.array(T_PX, jnp.float32),
+        "has_pert": jnp.array(HAS_PERT),
+    }
+    arrays.update(overrides)
+    return arrays
+
+
+def test_align_loss_hand_values():
+    s = jnp.array([[1.0, 0.0], [1.0, 0.0], [0.6, 0.8]])
+    t = jnp.array([[0.0, 1.0], [1.0, 0.0], [0.8, 0.6]])
+    # (1,0)-(0,1) -> sqrt(2); identical -> 0; (-.2,.2) -> sqrt(.08)
+    np.testing.assert_allclose(losses.align_loss(s, t), [math.sqrt(2), 0.0, math.sqrt(0.08)], 1e-6)
+    # Three dimensions: (1,0,0) vs (0,0,1) -> sqrt(2); (1,0,0) vs (.6,0,.8) -> sqrt(.16+.64).
+    s3 = jnp.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    t3 = jnp.array([[0.0, 0.0, 1.0], [0.6, 0.0, 0.8]])
+    np.testing.assert_allclose(losses.align_loss(s3, t3), [math.sqrt(2), math.sqrt(0.8)], 1e-6)
+
+
+def test_discrimination_and_hinge_hand_values():
+    a = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    b = jnp.array([[0.6, 0.0, 0.8], [0.0, -1.0, 0.0], [2.0, 0.0, 0.0]])
+    # cos = .6, -1, 1 (the last one is not unit length; cosine divides by the norms).
+    np.testing.assert_allclose(losses.discrimination(a, b), [0.4, 2.0, 0.0], atol=1e-6)
+    delta_s = jnp.array([0.2, 0.0, 0.3])
+    delta_t = jnp.array([0.0, 0.2, 0.25])
+    # max(0, .05 - .2) = 0 ; .2 + .05 - 0 = .25 ; max(0, .25 + .05 - .3) = 0
+    np.testing.assert_allclose(
+        losses.numeric_hinge(delta_s, delta_t, 0.05), [0.0, 0.25, 0.0], atol=1e-7
+    )
+
+
+def test_caliber_loss_hand_values():
+    loss, parts = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05)
+    np.testing.assert_allclose(loss, (ROW0 + ROW1 + ROW2) / 3, rtol=1e-6)
+    expected = {
+        "align_x": (math.sqrt(0.8) + 0.0 + math.sqrt(2.0)) / 3,
+        "align_px": (math.sqrt(0.08) + math.sqrt(0.4)) / 2,
+        "num": (0.0 + 0.25) / 2,
+        "delta_s": (0.2 + 0.0) / 2,
+        "delta_t": (0.0 + 0.2) / 2,
+        "hinge_active_frac": 0.5,
+        "pert_frac": 2 / 3,
+    }
+    assert set(parts) == set(expected)
+    for name, value in expected.items():
+        assert parts[name].dtype == jnp.float32, name
+        np.testing.assert_allclose(parts[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_lam_zero_is_leaf():
+    loss, _ = losses.caliber_loss(**_batch(), lam=0.0, margin=0.05)
+    leaf = (math.sqrt(0.8) + math.sqrt(0.08) + math.sqrt(0.4) + math.sqrt(2.0)) / 3
+    np.testing.assert_allclose(loss, leaf, rtol=1e-6)
+    batch = _batch()
+    align_x = losses.align_loss(batch["s_x"], batch["t_x"])
+    align_px = losses.align_loss(batch["s_px"], batch["t_px"]) * batch["has_pert"]
+    assert float(loss) == pytest.approx(float(jnp.mean(align_x + align_px)), rel=1e-7)
+
+
+def test_per_term_reduction_matches_authors_code():
+    loss, parts = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05, reduction="per_term")
+    by_hand = (math.sqrt(0.8) + math.sqrt(2.0)) / 3 + (math.sqrt(0.08) + math.sqrt(0.4)) / 2
+    np.testing.assert_allclose(loss, by_hand + 0.5 * 0.125, rtol=1e-6)
+    np.testing.assert_allclose(loss, parts["align_x"] + parts["align_px"] + 0.5 * parts["num"])
+    with pytest.raises(ValueError, match="reduction"):
+        losses.caliber_loss(**_batch(), lam=0.5, margin=0.05, reduction="sum")
+
+
+def test_batch_without_perturbations():
+    loss, parts = losses.caliber_loss(**_batch(has_pert=jnp.zeros(3, bool)), lam=0.5, margin=0.05)
+    np.testing.assert_allclose(loss, (math.sqrt(0.8) + 0.0 + math.sqrt(2.0)) / 3, rtol=1e-6)
+    for name in ("align_px", "num", "delta_s", "delta_t", "hinge_active_frac", "pert_frac"):
+        assert float(parts[name]) == 0.0, name
+
+
+def _loss_only(s_x, s_px, t_x, t_px, has_pert, **kwargs):
+    return losses.caliber_loss(s_x, s_px, t_x, t_px, has_pert, lam=0.5, margin=0.05, **kwargs)[0]
+
+
+def test_garbage_in_unperturbed_rows_does_not_leak():
+    nan_px = jnp.array(S_PX).at[2].set(jnp.nan)
+    inf_tpx = jnp.array(T_PX).at[2].set(jnp.array([jnp.inf, -jnp.inf]))
+    batch = _batch(s_px=nan_px, t_px=inf_tpx)
+    clean, _ = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05)
+    loss, parts = losses.caliber_loss(**batch, lam=0.5, margin=0.05)
+    assert float(loss) == float(clean)
+    assert all(bool(jnp.isfinite(value)) for value in parts.values())
+    grads = jax.grad(_loss_only, argnums=(0, 1, 2, 3))(*batch.values())
+    for grad in grads:
+        assert bool(jnp.all(jnp.isfinite(grad)))
+    # Nothing flows into the unused row of s_px.
+    np.testing.assert_array_equal(grads[1][2], [0.0, 0.0])
+
+
+def test_gradient_finite_when_student_equals_teacher():
+    same = jnp.array(T_X)
+    batch = _batch(s_x=same, s_px=jnp.array(T_PX))
+    grads = jax.grad(_loss_only, argnums=(0, 1))(*batch.values())
+    for grad in grads:
+        assert bool(jnp.all(jnp.isfinite(grad)))
+    # Row 2 of s_x sits exactly on its teacher and has no perturbation: its gradient is 0.
+    np.testing.assert_array_equal(grads[0][2], [0.0, 0.0])
+    np.testing.assert_array_equal(jax.grad(lambda x: losses.safe_norm(x))(jnp.zeros(4)), 0.0)
+
+
+def test_gradient_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(4, 5, 3)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=-1, keepdims=True)
+    has_pert = jnp.array([True, False, True, True, False])
+    args = [jnp.asarray(v) for v in vectors]
+
+    def loss_of_s_px(s_px):
+        return _loss_only(args[0], s_px, args[2], args[3], has_pert)
+
+    grad = np.asarray(jax.grad(loss_of_s_px)(args[1]))
+    eps = 1e-2
+    numeric = np.zeros_like(grad)
+    for index in np.ndindex(grad.shape):
+        step = np.zeros_like(grad)
+        step[index] = eps
+        numeric[index] = (loss_of_s_px(args[1] + step) - loss_of_s_px(args[1] - step)) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, atol=2e-3)
+
+
+def test_weights_mask_padding_rows():
+    weights = jnp.array([1.0, 1.0, 0.0])
+    # Row 2 is padding: its (garbage) s_x must not count either.
+    batch = _batch(s_x=jnp.array(S_X).at[2].set(jnp.nan))
+    loss, parts = losses.caliber_loss(**batch, lam=0.5, margin=0.05, weights=weights)
+    np.testing.assert_allclose(loss, (ROW0 + ROW1) / 2, rtol=1e-6)
+    np.testing.assert_allclose(parts["align_x"], math.sqrt(0.8) / 2, rtol=1e-6)
+    np.testing.assert_allclose(parts["pert_frac"], 1.0)
+    # Padding a perturbed row removes it from the perturbed-row means too.
+    _, parts = losses.caliber_loss(
+        **_batch(), lam=0.5, margin=0.05, weights=jnp.array([0.0, 1.0, 1.0])
+    )
+    np.testing.assert_allclose(parts["num"], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(parts["hinge_active_frac"], 1.0)
+    np.testing.assert_allclose(parts["pert_frac"], 0.5)
+    ones, _ = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05, weights=jnp.ones(3))
+    default, _ = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05)
+    assert float(ones) == float(default)
+
+
+def test_padding_row_with_nan_keeps_gradient_finite():
+    weights = jnp.array([1.0, 1.0, 0.0])
+    batch = _batch(s_x=jnp.array(S_X).at[2].set(jnp.nan))
+    grads = jax.grad(functools.partial(_loss_only, weights=weights), argnums=(0, 1, 2, 3))(
+        *batch.values()
+    )
+    for grad in grads:
+        assert bool(jnp.all(jnp.isfinite(grad)))
+        np.testing.assert_array_equal(grad[2], [0.0, 0.0])
+
+
+def test_jit_matches_eager():
+    fn = jax.jit(functools.partial(losses.caliber_loss, lam=0.5, margin=0.05))
+    loss, parts = fn(**_batch())
+    eager_loss, eager_parts = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05)
+    np.testing.assert_allclose(loss, eager_loss, rtol=1e-6)
+    for name, value in eager_parts.items():
+        np.testing.assert_allclose(parts[name], value, rtol=1e-6, err_msg=name)
+    weighted = jax.jit(functools.partial(losses.caliber_loss, lam=0.0, margin=0.05))
+    loss, _ = weighted(**_batch(), weights=jnp.array([1.0, 1.0, 0.0]))
+    np.testing.assert_allclose(loss, (ROW0 + ROW1 - 0.5 * 0.25) / 2, rtol=1e-6)
+
+
+def test_bfloat16_inputs_compute_in_float32():
+    batch = {k: v.astype(jnp.bfloat16) if v.dtype != bool else v for k, v in _batch().items()}
+    loss, parts = losses.caliber_loss(**batch, lam=0.5, margin=0.05)
+    assert loss.dtype == jnp.float32
+    assert all(value.dtype == jnp.float32 for value in parts.values())
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="s_px"):
+        losses.caliber_loss(**_batch(s_px=jnp.zeros((3, 4))), lam=0.5, margin=0.05)
+    with pytest.raises(ValueError, match="has_pert"):
+        losses.caliber_loss(**_batch(has_pert=jnp.zeros(2, bool)), lam=0.5, margin=0.05)
+    with pytest.raises(ValueError, match="weights"):
+        losses.caliber_loss(**_batch(), lam=0.5, margin=0.05, weights=jnp.ones(4))
