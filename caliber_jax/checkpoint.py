@@ -1,0 +1,88 @@
+"""Orbax checkpoints of `{state, data_iter}`: the TrainState pytree and the Grain iterator position.
+
+One composite checkpoint per saved step, written by Orbax's CheckpointManager (atomic: a step
+directory only appears once complete), keep-N, restored into an abstract state carrying shardings.
+"""
+
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+
+def make_manager(
+    directory: str | os.PathLike, *, max_to_keep: int, save_interval_steps: int
+) -> ocp.CheckpointManager:
+    """CheckpointManager for `{state, data_iter}` items under `directory`."""
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep,
+        save_interval_steps=save_interval_steps,
+        create=True,
+        enable_async_checkpointing=False,
+    )
+    handlers = {
+        "state": ocp.StandardCheckpointHandler(),
+        "data_iter": grain.checkpoint.CheckpointHandler(),
+    }
+    return ocp.CheckpointManager(
+        os.fspath(os.path.abspath(directory)), item_handlers=handlers, options=options
+    )
+
+
+def save(
+    manager: ocp.CheckpointManager,
+    step: int,
+    state: Any,
+    data_iter: grain.DatasetIterator,
+    *,
+    force: bool = False,
+) -> bool:
+    """Saves when the manager's interval says so (or `force`); returns whether it saved."""
+    args = ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data_iter=grain.checkpoint.CheckpointSave(data_iter)
+    )
+    saved = manager.save(step, args=args, force=force)
+    manager.wait_until_finished()
+    return saved
+
+
+def restore(
+    manager: ocp.CheckpointManager,
+    abstract_state: Any,
+    data_iter: grain.DatasetIterator,
+    *,
+    step: int | None = None,
+) -> tuple[Any, int]:
+    """Restores the latest (or given) step into `abstract_state`'s shapes and shardings.
+
+    The iterator is restored in place. Returns (state, step).
+    """
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data_iter=grain.checkpoint.CheckpointRestore(data_iter),
+        ),
+    )
+    return restored["state"], step
+
+
+def restore_params(directory: str | os.PathLike, *, step: int | None = None) -> tuple[Any, int]:
+    """Only the params of a saved TrainState, as host arrays (for export). Returns (params, step)."""
+    with ocp.CheckpointManager(os.fspath(os.path.abspath(directory))) as manager:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {directory}")
+        path = os.path.join(manager.directory, str(step), "state")
+    state = ocp.StandardCheckpointer().restore(path)
+    return jax.device_get(state["params"]), step
+
+
+def abstract_like(tree: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of a pytree of arrays."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

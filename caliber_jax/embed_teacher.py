@@ -1,0 +1,127 @@
+"""Teacher vectors for every passage x and perturbation pi(x), MRL-truncated to the student's dim.
+
+    python -m caliber_jax.embed_teacher --config configs/caliber.py
+    python -m caliber_jax.embed_teacher --config configs/caliber.py \
+        --import_x=x.npy --import_px=px.npy --split=train          # vectors computed elsewhere
+
+Writes `<data.dir>/teacher_<split>/{x,px}` TensorStore arrays with metadata. Resumable: a killed
+job continues with the chunks it had not finished. Multi-host: each process writes its own rows.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from caliber_jax import embedder
+from caliber_jax.data import pipeline, teacher
+from caliber_jax.models import embedding
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_SPLITS = flags.DEFINE_list("splits", ["train", "val"], "Prepared splits to embed (if present).")
+_IMPORT_X = flags.DEFINE_string("import_x", None, ".npy [N, D] teacher vectors of the passages.")
+_IMPORT_PX = flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
+_TEACHER_NAME = flags.DEFINE_string("teacher_name", "external", "Name recorded for imported vectors.")
+
+
+def student_dim(config) -> int:
+    spec = embedding.read_spec(
+        config.model.init_dir,
+        pooling=config.model.pooling,
+        num_layers=config.model.num_layers,
+        out_dim=config.model.out_dim,
+    )
+    return spec.out_dim or spec.config.width
+
+
+def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[Path]:
+    """Encodes the split's passages and perturbations into its two stores."""
+    passages = Path(config.data.dir) / f"{split}.jsonl"
+    texts, perturbed = pipeline.load_passages(passages)
+    out = Path(config.data.dir) / f"teacher_{split}"
+    metadata = {
+        "teacher": str(config.teacher.model_dir),
+        "pooling": model.spec.pooling,
+        "native_dim": model.dim,
+        "max_length": config.teacher.max_length,
+        "compute_dtype": config.teacher.dtype,
+        "passages": str(passages),
+    }
+
+    def encode_fn(batch: list[str]) -> np.ndarray:
+        return model.encode(
+            batch, batch_size=config.teacher.batch_size, max_length=config.teacher.max_length
+        )
+
+    written = []
+    for name, rows in (("x", texts), ("px", perturbed)):
+        if name == "px" and not any(rows):
+            continue
+        teacher.embed_to_store(
+            encode_fn,
+            rows,
+            out / name,
+            batch_rows=config.teacher.chunk_rows,
+            dim=dim,
+            chunk_rows=config.teacher.chunk_rows,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            metadata=metadata,
+        )
+        written.append(out / name)
+    return written
+
+
+def import_split(config, split: str, dim: int, vectors_x: str, vectors_px: str | None) -> list[Path]:
+    """Stores vectors computed elsewhere (black-box or API teachers) for the split."""
+    passages = Path(config.data.dir) / f"{split}.jsonl"
+    texts, perturbed = pipeline.load_passages(passages)
+    out = Path(config.data.dir) / f"teacher_{split}"
+    metadata = {"teacher": _TEACHER_NAME.value, "pooling": "external", "passages": str(passages)}
+    written = []
+    for name, rows, npy in (("x", texts, vectors_x), ("px", perturbed, vectors_px)):
+        if npy is None:
+            if name == "px" and any(rows):
+                raise ValueError(f"{passages}: has perturbations; pass --import_px too")
+            continue
+        teacher.import_npy(
+            out / name,
+            vectors_npy=npy,
+            texts=rows,
+            dim=dim,
+            chunk_rows=config.teacher.chunk_rows,
+            metadata=metadata,
+        )
+        written.append(out / name)
+    return written
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    if config.multihost:
+        jax.distributed.initialize()
+    dim = student_dim(config)
+    if _IMPORT_X.value:
+        if len(_SPLITS.value) != 1:
+            raise app.UsageError("--import_x needs exactly one --splits entry")
+        paths = import_split(config, _SPLITS.value[0], dim, _IMPORT_X.value, _IMPORT_PX.value)
+    else:
+        model = embedder.Embedder.from_pretrained(
+            config.teacher.model_dir, pooling=config.teacher.pooling, dtype=config.teacher.dtype
+        )
+        if model.dim < dim:
+            raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
+        paths = []
+        for split in _SPLITS.value:
+            if (Path(config.data.dir) / f"{split}.jsonl").exists():
+                paths += embed_split(config, split, model, dim)
+    for path in paths:
+        print(path)
+
+
+if __name__ == "__main__":
+    app.run(main)

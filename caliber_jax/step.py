@@ -1,0 +1,135 @@
+"""Train state and the pure train / eval steps of the Caliber objective.
+
+`TrainState` is a pytree (step, params, opt_state, rng); params are the float32 pure-dict state of the
+`EmbeddingModel`, merged with its graphdef inside the jitted step. Legend: B batch, T tokens, E dims.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from caliber_jax import losses
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation, *, seed: int) -> TrainState:
+    """Fresh state around given params (jit it with out_shardings to create it sharded)."""
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=jax.random.key_data(jax.random.key(seed)),
+    )
+
+
+def _pad_to(x_bt: jax.Array, length: int) -> jax.Array:
+    return jnp.pad(x_bt, ((0, 0), (0, length - x_bt.shape[1])))
+
+
+def embed_pairs(
+    graphdef: nnx.GraphDef, params: Any, batch: dict[str, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    """Student vectors of x and pi(x) from one forward over the stacked [2B, T] batch.
+
+    Rows without a perturbation still run (static shapes); the loss masks them out.
+    """
+    model = nnx.merge(graphdef, params)
+    length = max(batch["input_ids"].shape[1], batch["pert_input_ids"].shape[1])
+    ids = jnp.concatenate(
+        [_pad_to(batch["input_ids"], length), _pad_to(batch["pert_input_ids"], length)]
+    )
+    mask = jnp.concatenate(
+        [_pad_to(batch["attention_mask"], length), _pad_to(batch["pert_attention_mask"], length)]
+    )
+    vecs = model(ids, mask)
+    rows = batch["input_ids"].shape[0]
+    return vecs[:rows], vecs[rows:]
+
+
+def loss_fn(
+    params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    lam: float,
+    margin: float,
+    reduction: str,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    s_x, s_px = embed_pairs(graphdef, params, batch)
+    return losses.caliber_loss(
+        s_x,
+        s_px,
+        batch["teacher_x"],
+        batch["teacher_px"],
+        batch["has_pert"],
+        lam=lam,
+        margin=margin,
+        weights=batch["weight"],
+        reduction=reduction,
+    )
+
+
+def train_step(
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+    lam: float,
+    margin: float,
+    reduction: str,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One AdamW step on eq. 4. Returns the new state and `train/*` metrics (scalars)."""
+    grad_fn = jax.value_and_grad(
+        functools.partial(loss_fn, graphdef=graphdef, lam=lam, margin=margin, reduction=reduction),
+        has_aux=True,
+    )
+    (loss, parts), grads = grad_fn(state.params, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {f"train/{k}": v for k, v in parts.items()}
+    metrics["train/loss"] = loss
+    metrics["train/grad_norm"] = optax.global_norm(grads)
+    metrics["train/param_norm"] = optax.global_norm(params)
+    metrics["train/lr"] = schedule(state.step)
+    metrics["train/real_tokens"] = jnp.sum(batch["attention_mask"]) + jnp.sum(
+        jnp.where(batch["has_pert"][:, None], batch["pert_attention_mask"], 0)
+    )
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def eval_step(
+    params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    lam: float,
+    margin: float,
+    reduction: str,
+) -> dict[str, jax.Array]:
+    """Validation loss components, weighted by the real rows of the batch (sum, count)."""
+    loss, parts = loss_fn(
+        params, batch, graphdef=graphdef, lam=lam, margin=margin, reduction=reduction
+    )
+    rows = jnp.sum(batch["weight"])
+    pert_rows = jnp.sum(batch["weight"] * batch["has_pert"])
+    sums = {"loss": loss * rows, "align_x": parts["align_x"] * rows, "rows": rows}
+    for k in ("align_px", "num", "delta_s", "delta_t"):
+        sums[k] = parts[k] * pert_rows
+    sums["pert_rows"] = pert_rows
+    return sums

@@ -1,0 +1,312 @@
+"""Caliber / LEAF distillation: the training entry point.
+
+    python -m caliber_jax.train --config configs/caliber.py --workdir DIR [--config.loss.lam=0 ...]
+
+Reads prepared passages and teacher vectors (see `caliber_jax.prepare`, `caliber_jax.embed_teacher`),
+trains the student with the jit-compiled, data-parallel step of `caliber_jax.step`, logs to
+TensorBoard, checkpoints with Orbax and resumes where it stopped.
+"""
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from flax import nnx
+from ml_collections import config_flags
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
+
+from caliber_jax import checkpoint, optim, sharding, step, tokenization
+from caliber_jax.data import pipeline
+from caliber_jax.embedder import resolve_dtype
+from caliber_jax.models import embedding, hf
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, config.")
+
+
+class TokenizeFn:
+    """Picklable `tokenize_fn` for the pipeline: loads the tokenizer lazily in each worker."""
+
+    def __init__(self, tokenizer_dir: str):
+        self.tokenizer_dir = tokenizer_dir
+        self._tokenizer = None
+
+    def __call__(self, texts: list[str], max_length: int) -> list[list[int]]:
+        if self._tokenizer is None:
+            self._tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
+        return tokenization.tokenize(self._tokenizer, texts, max_length=max_length)
+
+    def __getstate__(self):
+        return {"tokenizer_dir": self.tokenizer_dir, "_tokenizer": None}
+
+
+def maybe_initialize_distributed(multihost: bool) -> None:
+    """Multi-host runs (SLURM, TPU pods, or JAX_COORDINATOR_ADDRESS) join one JAX cluster."""
+    if multihost:
+        jax.distributed.initialize()
+
+
+def data_paths(data_dir: str, split: str) -> tuple[Path, Path, Path | None]:
+    """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them."""
+    root = Path(data_dir)
+    passages = root / f"{split}.jsonl"
+    teacher_dir = root / f"teacher_{split}"
+    px = teacher_dir / "px"
+    return passages, teacher_dir / "x", px if px.exists() else None
+
+
+def make_source(config: ml_collections.ConfigDict, split: str, dim: int) -> pipeline.TrainSource:
+    passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
+    for path in (passages, teacher_x):
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path}: missing; run `python -m caliber_jax.prepare` and "
+                "`python -m caliber_jax.embed_teacher` with this config first"
+            )
+    return pipeline.TrainSource(passages, teacher_x_path=teacher_x, teacher_px_path=teacher_px, dim=dim)
+
+
+def make_loader(config, source, tokenize_fn, *, pad_id, train: bool):
+    return pipeline.make_loader(
+        source,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        num_epochs=None if train else 1,
+        shuffle=train,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        tokenize_fn=tokenize_fn,
+        max_length=config.data.max_length,
+        pad_id=pad_id,
+        pad_to_multiple=config.data.pad_to_multiple,
+        length_group_window=config.data.length_group_window if train else 1,
+        drop_remainder=train and config.data.drop_remainder,
+        worker_count=config.data.worker_count,
+        read_threads=config.data.read_threads,
+    )
+
+
+def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec, dict[str, Any]]:
+    """Student spec and flat float32 params from `config.model.init_dir` (HF layout)."""
+    model = config.model
+    spec = embedding.read_spec(
+        model.init_dir, pooling=model.pooling, num_layers=model.num_layers, out_dim=model.out_dim
+    )
+    return spec, embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
+
+
+def total_steps(config: ml_collections.ConfigDict, num_rows: int) -> int:
+    if config.total_steps:
+        return config.total_steps
+    per_epoch = pipeline.batches_per_epoch(
+        num_rows, batch_size=config.batch_size, drop_remainder=config.data.drop_remainder
+    )
+    return int(np.ceil(config.num_epochs * per_epoch))
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
+    if jax.process_index() == 0:
+        hf.save_json(json.loads(config.to_json_best_effort()), workdir / "config.json")
+
+
+def check_finite(metrics: dict[str, float], step_num: int) -> None:
+    bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
+    if bad:
+        raise FloatingPointError(
+            f"step {step_num}: non-finite {bad}; stopping. The last good checkpoint is kept."
+        )
+
+
+def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
+    """Validation loss components over one pass of the held-out split."""
+    totals: dict[str, float] = {}
+    for batch in loader_factory():
+        sums = jax.device_get(eval_fn(params, sharding.to_global(batch, mesh)))
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    rows, pert_rows = max(totals.pop("rows"), 1.0), max(totals.pop("pert_rows"), 1.0)
+    out = {"val/loss": totals["loss"] / rows, "val/align_x": totals["align_x"] / rows}
+    out.update({f"val/{k}": totals[k] / pert_rows for k in ("align_px", "num", "delta_s", "delta_t")})
+    return out
+
+
+class SigtermFlag:
+    """Set on SIGTERM so the loop can checkpoint and exit cleanly (preemption)."""
+
+    def __init__(self):
+        self.raised = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.raised = True
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Runs (or resumes) training; returns the final summary metrics."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_config(config, workdir)
+    spec, flat = init_params(config)
+    dim = spec.out_dim or spec.config.width
+    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    tokenize_fn = TokenizeFn(tokenizer_dir)
+    tokenizer = tokenization.load_tokenizer(tokenizer_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.config.pad_token_id
+
+    train_source = make_source(config, "train", dim)
+    steps = total_steps(config, len(train_source))
+    schedule = optim.make_schedule(
+        lr=config.optim.lr,
+        total_steps=steps,
+        warmup_frac=config.optim.warmup_frac,
+        schedule=config.optim.schedule,
+        cycles=config.optim.cycles,
+    )
+    optimizer = optim.make_optimizer(total_steps=steps, **config.optim)
+
+    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
+    sharding.check_batch_size(config.batch_size, mesh)
+    graphdef, params_state = embedding.split_model(
+        spec, flat, dtype=resolve_dtype(config.model.dtype), remat=config.model.remat
+    )
+    params = nnx.to_pure_dict(params_state)
+    del flat, params_state
+
+    # Params are born sharded: the state's layout comes from the rules in sharding.py.
+    abstract_state = jax.eval_shape(
+        lambda p: step.init_state(p, optimizer, seed=config.seed), params
+    )
+    state_shardings = sharding.param_shardings(mesh, abstract_state)
+    init_fn = jax.jit(
+        lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
+    )
+    loss_args = dict(lam=config.loss.lam, margin=config.loss.margin, reduction=config.loss.reduction)
+    train_fn = jax.jit(
+        lambda s, b: step.train_step(
+            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args
+        ),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(state_shardings, sharding.replicated(mesh)),
+        donate_argnums=0,
+    )
+    eval_fn = jax.jit(
+        lambda p, b: step.eval_step(p, b, graphdef=graphdef, **loss_args),
+        in_shardings=(state_shardings.params, sharding.batch_sharding(mesh)),
+        out_shardings=sharding.replicated(mesh),
+    )
+
+    loader = make_loader(config, train_source, tokenize_fn, pad_id=pad_id, train=True)
+    data_iter = iter(loader)
+    manager = checkpoint.make_manager(
+        workdir / "checkpoints",
+        max_to_keep=config.keep_checkpoints,
+        save_interval_steps=config.checkpoint_every,
+    )
+    # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
+    if manager.latest_step() is not None:
+        abstract = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract_state,
+            state_shardings,
+        )
+        state, start = checkpoint.restore(manager, abstract, data_iter)
+        logging.info("resumed from %s at step %d", manager.directory, start)
+    else:
+        state, start = init_fn(params), 0
+    del params
+
+    val_factory = None
+    if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
+        val_source = make_source(config, "val", dim)
+        val_factory = lambda: iter(make_loader(config, val_source, tokenize_fn, pad_id=pad_id, train=False))  # noqa: E731
+
+    writer = SummaryWriter(str(workdir / "tensorboard")) if jax.process_index() == 0 else None
+    sigterm = SigtermFlag()
+    summary = _loop(
+        config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
+        val_factory, sigterm,
+    )  # fmt: skip
+    manager.close()
+    if writer is not None:
+        writer.close()
+    return summary
+
+
+def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
+          val_factory, sigterm) -> dict[str, float]:  # fmt: skip
+    """The linear train loop: step, log, validate, checkpoint."""
+    last: dict[str, float] = {}
+    window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
+    bar = tqdm(total=steps, initial=start, desc="train", disable=jax.process_index() != 0)
+    step_num = start
+    # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
+    with jax.transfer_guard("disallow"):
+        for step_num in range(start + 1, steps + 1):
+            batch = next(data_iter)
+            rows = int(np.sum(batch["weight"])) * jax.process_count()
+            state, metrics = train_fn(state, sharding.to_global(batch, mesh))
+            window_rows += rows
+            must_log = step_num % config.log_every == 0 or step_num == steps
+            must_save = step_num % config.checkpoint_every == 0 or step_num == steps or sigterm.raised
+            if must_log or must_save:
+                fetched = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                check_finite(fetched, step_num)
+                window_tokens += fetched.pop("train/real_tokens")
+                elapsed = time.perf_counter() - window_start
+                fetched["train/seq_per_s"] = window_rows / elapsed
+                fetched["train/tokens_per_s"] = window_tokens / elapsed
+                window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
+                last.update(fetched)
+                _write(writer, fetched, step_num)
+                bar.set_postfix(loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}")
+            if val_factory is not None and (step_num % config.eval_every == 0 or step_num == steps):
+                with jax.transfer_guard("allow"):
+                    val = evaluate(eval_fn, state.params, val_factory, mesh)
+                last.update(val)
+                _write(writer, val, step_num)
+            if must_save:
+                with jax.transfer_guard("allow"):
+                    checkpoint.save(manager, step_num, state, data_iter, force=True)
+            bar.update(1)
+            if sigterm.raised:
+                logging.warning("SIGTERM: checkpointed step %d, exiting", step_num)
+                break
+    bar.close()
+    last["step"] = step_num
+    if jax.process_index() == 0:
+        print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
+    return last
+
+
+def _write(writer, metrics: dict[str, float], step_num: int) -> None:
+    if writer is None:
+        return
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, step_num)
+    writer.flush()
+
+
+def main(argv) -> None:
+    del argv
+    config = _CONFIG.value
+    maybe_initialize_distributed(config.multihost)
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    summary = train(config, _WORKDIR.value)
+    if jax.process_index() == 0:
+        hf.save_json(summary, Path(_WORKDIR.value) / "summary.json")
+
+
+if __name__ == "__main__":
+    app.run(main)
