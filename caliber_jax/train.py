@@ -30,9 +30,6 @@ from caliber_jax.data import pipeline
 from caliber_jax.embedder import resolve_dtype
 from caliber_jax.models import embedding, hf
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, config.")
-
 
 class TokenizeFn:
     """Picklable `tokenize_fn` for the pipeline: loads the tokenizer lazily in each worker."""
@@ -298,15 +295,18 @@ def _write(writer, metrics: dict[str, float], step_num: int) -> None:
 
 
 def main(argv) -> None:
-    del argv
-    config = _CONFIG.value
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     maybe_initialize_distributed(config.multihost)
-    if _WORKDIR.value is None:
-        raise app.UsageError("--workdir is required")
-    summary = train(config, _WORKDIR.value)
+    summary = train(config, workdir)
     if jax.process_index() == 0:
-        hf.save_json(summary, Path(_WORKDIR.value) / "summary.json")
+        hf.save_json(summary, Path(workdir) / "summary.json")
 
 
 if __name__ == "__main__":
+    # Flags are defined only when run as a script, so tests can import `train`.
+    config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+    flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, config.", required=True)
+    flags.mark_flag_as_required("config")
     app.run(main)

@@ -5,6 +5,7 @@ nDCG@k, Recall@k and MAP@k come from `pytrec_eval` (trec_eval's `ndcg_cut`, `rec
 (`calculate_retrieval_scores`, `mrr`). No jax.
 """
 
+import gzip
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -135,7 +136,7 @@ def _to_run(
 def load_financebench(
     path: str | Path,
 ) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
-    """Builds FinanceBenchRetrieval from `financebench_open_source.jsonl`.
+    """Builds FinanceBenchRetrieval from `financebench_open_source.jsonl` (or a `.jsonl.gz`).
 
     Queries are the questions, keyed by `financebench_id`; the corpus is the set of unique
     `evidence_text` strings with ids "doc00000", "doc00001", ... in order of first appearance;
@@ -146,7 +147,8 @@ def load_financebench(
     """
     queries, corpus, qrels = {}, {}, {}
     doc_id_of_text = {}
-    with open(path, encoding="utf-8") as file:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as file:
         for line_number, line in enumerate(file, 1):
             if not line.strip():
                 continue

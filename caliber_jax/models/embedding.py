@@ -182,3 +182,89 @@ def params_to_flat(params: nnx.State | dict[str, Any]) -> dict[str, np.ndarray]:
     """Params state (or its pure dict) -> flat `{path: np.ndarray}` on the host."""
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
     return {k: np.asarray(jax.device_get(v)) for k, v in hf.flatten(pure).items()}
+
+
+def save_pretrained(
+    output_dir: str | Path,
+    spec: ModelSpec,
+    flat: dict[str, np.ndarray],
+    *,
+    tokenizer,
+    max_seq_length: int,
+    query_prompt: str | None = None,
+) -> Path:
+    """Writes a HF + sentence-transformers directory that inverts `read_spec` + `load_flat_params`.
+
+    `transformers.AutoModel` loads the encoder with its original architecture class;
+    `SentenceTransformer(output_dir)` adds pooling, the Dense W_out (if any) and Normalize.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    encoder = {k.removeprefix("encoder."): v for k, v in flat.items() if k.startswith("encoder.")}
+    hf.save_safetensors(hf.flat_to_hf(encoder, spec.family, spec.config), output_dir / "model.safetensors")
+    config = {**spec.raw_config, **spec.config.to_hf(), "torch_dtype": "float32"}
+    config.pop("dtype", None)
+    hf.save_json(config, output_dir / "config.json")
+    # Right padding: our positions count real tokens, HF's count columns; they agree only then.
+    tokenizer.padding_side = "right"
+    tokenizer.save_pretrained(str(output_dir))
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    width = spec.config.width
+    hf.save_json(
+        {
+            "word_embedding_dimension": width,
+            "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": spec.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_lasttoken": spec.pooling == "last",
+            "include_prompt": True,
+        },
+        output_dir / "1_Pooling" / "config.json",
+    )
+    if "dense.kernel" in flat:
+        out_dim = flat["dense.kernel"].shape[1]
+        dense_dir = output_dir / DENSE_DIR
+        hf.save_safetensors(
+            {
+                "linear.weight": np.ascontiguousarray(flat["dense.kernel"].T),
+                "linear.bias": np.asarray(flat["dense.bias"]),
+            },
+            dense_dir / "model.safetensors",
+        )
+        hf.save_json(
+            {
+                "in_features": width,
+                "out_features": out_dim,
+                "bias": True,
+                "activation_function": "torch.nn.modules.linear.Identity",
+            },
+            dense_dir / "config.json",
+        )
+        modules.append(
+            {"idx": 2, "name": "2", "path": DENSE_DIR, "type": "sentence_transformers.models.Dense"}
+        )
+    modules.append(
+        {
+            "idx": len(modules),
+            "name": str(len(modules)),
+            "path": f"{len(modules)}_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        }
+    )
+    (output_dir / modules[-1]["path"]).mkdir(exist_ok=True)
+    hf.save_json(modules, output_dir / "modules.json")
+    hf.save_json(
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+        output_dir / "sentence_bert_config.json",
+    )
+    prompts = {"query": query_prompt, "document": ""} if query_prompt else {}
+    hf.save_json(
+        {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        output_dir / "config_sentence_transformers.json",
+    )
+    return output_dir

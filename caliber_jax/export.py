@@ -1,0 +1,60 @@
+"""Export a trained student: Orbax checkpoint -> Hugging Face / sentence-transformers directory.
+
+    python -m caliber_jax.export --workdir runs/caliber [--step N] --output runs/caliber/hf
+
+Restores only the params, applies the weight table in reverse, writes `model.safetensors`,
+`config.json`, the tokenizer files and the sentence-transformers modules (pooling, Dense W_out when
+present, Normalize), so `AutoModel` and `SentenceTransformer` load the student.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_collections
+from absl import app, flags
+
+from caliber_jax import checkpoint, tokenization
+from caliber_jax.models import embedding, hf
+
+
+def export(workdir: str | Path, output: str | Path, *, step: int | None = None,
+           query_prompt: str | None = None) -> Path:  # fmt: skip
+    """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`."""
+    workdir = Path(workdir)
+    config_path = workdir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: not a training workdir (no resolved config)")
+    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    model = config.model
+    spec = embedding.read_spec(
+        model.init_dir, pooling=model.pooling, num_layers=model.num_layers, out_dim=model.out_dim
+    )
+    params, step = checkpoint.restore_params(workdir / "checkpoints", step=step)
+    flat = embedding.params_to_flat(params)
+    tokenizer = tokenization.load_tokenizer(model.tokenizer_dir or model.init_dir)
+    embedding.save_pretrained(
+        output,
+        spec,
+        flat,
+        tokenizer=tokenizer,
+        max_seq_length=config.data.max_length,
+        query_prompt=query_prompt,
+    )
+    hf.save_json({"workdir": str(workdir), "step": int(step)}, Path(output) / "caliber_export.json")
+    return Path(output)
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    values = flags.FLAGS
+    print(export(values.workdir, values.output, step=values.step, query_prompt=values.query_prompt))
+
+
+if __name__ == "__main__":
+    # Flags are defined only when run as a script, so tests can import `export`.
+    flags.DEFINE_string("workdir", None, "Training run directory (has config.json).", required=True)
+    flags.DEFINE_string("output", None, "Directory to write the HF model to.", required=True)
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+    flags.DEFINE_string("query_prompt", None, "sentence-transformers 'query' prompt to record.")
+    app.run(main)

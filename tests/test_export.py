@@ -1,0 +1,124 @@
+"""Export: HF -> Flax -> Orbax -> HF round trip, and PyTorch / sentence-transformers loading."""
+
+import json
+import shutil
+
+import grain
+import ml_collections
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from safetensors.numpy import load_file
+from sentence_transformers import SentenceTransformer
+
+from caliber_jax import Embedder, checkpoint, optim, step
+from caliber_jax.export import export
+from caliber_jax.models import embedding
+
+from tests.models.test_qwen3 import make_hf_qwen3
+
+TEXTS = [
+    "Net sales increased 4.2% to $32.1 billion in 2019.",
+    "Operating margin declined 150 bps year over year.",
+    "The company repurchased 10.5 million shares for $1.2 billion during Q3 2021.",
+    "Free cash flow was negative.",
+]
+
+
+def make_workdir(tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, max_length=128):
+    """A training workdir as `train.py` leaves it: resolved config.json and one checkpoint."""
+    config = ml_collections.ConfigDict(
+        {
+            "seed": seed,
+            "model": {
+                "init_dir": str(init_dir),
+                "tokenizer_dir": "",
+                "pooling": "mean",
+                "num_layers": num_layers,
+                "out_dim": out_dim,
+            },
+            "data": {"max_length": max_length},
+        }
+    )
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(config.to_json())
+    spec = embedding.read_spec(init_dir, num_layers=num_layers, out_dim=out_dim)
+    flat = embedding.load_flat_params(init_dir, spec, seed=seed)
+    # Perturb W_out and the encoder a little, as training would, so nothing passes by accident.
+    rng = np.random.default_rng(seed)
+    flat = {k: v + 0.01 * rng.standard_normal(v.shape).astype(np.float32) for k, v in flat.items()}
+    _, params = embedding.split_model(spec, flat, dtype=np.float32)
+    optimizer = optim.make_optimizer(
+        lr=1e-4, weight_decay=0.01, warmup_frac=0.0, total_steps=10, schedule="constant",
+        cycles=1, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None, accum_steps=1,
+    )  # fmt: skip
+    state = step.init_state(nnx.to_pure_dict(params), optimizer, seed=seed)
+    data_iter = iter(grain.MapDataset.range(4).to_iter_dataset())
+    with checkpoint.make_manager(workdir / "checkpoints", max_to_keep=1, save_interval_steps=1) as m:
+        checkpoint.save(m, 7, state, data_iter, force=True)
+    return workdir, spec, flat
+
+
+def test_round_trip_preserves_every_tensor(minilm_dir, tmp_path):
+    workdir, spec, flat = make_workdir(tmp_path, minilm_dir, num_layers=3)
+    out = export(workdir, tmp_path / "hf")
+    tensors = load_file(out / "model.safetensors")
+    # Undo the perturbation of make_workdir: compare against what was checkpointed.
+    assert len(tensors) == 5 + 16 * 3
+    np.testing.assert_array_equal(
+        tensors["encoder.layer.2.attention.self.query.weight"],
+        flat["encoder.layer.2.query.kernel"].T,
+    )
+    reloaded = embedding.load_flat_params(out, embedding.read_spec(out))
+    assert set(reloaded) == set(flat)
+    for name, value in flat.items():
+        np.testing.assert_array_equal(reloaded[name], value, err_msg=name)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    assert json.loads((out / "caliber_export.json").read_text())["step"] == 7
+
+
+@pytest.mark.parametrize("out_dim", [None, 128])
+def test_bert_student_loads_in_torch_and_sentence_transformers(minilm_dir, tmp_path, out_dim):
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3, out_dim=out_dim)
+    out = export(workdir, tmp_path / "hf")
+    ours = Embedder.from_pretrained(out).encode(TEXTS)
+    assert ours.shape == (len(TEXTS), out_dim or 384)
+    model = SentenceTransformer(str(out), device="cpu")
+    reference = model.encode(TEXTS, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
+    assert type(transformers.AutoModel.from_pretrained(out)).__name__ == "BertModel"
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_with_tokenizer(tmp_path_factory, qwen_tokenizer_dir):
+    path = tmp_path_factory.mktemp("tiny_qwen3_tok")
+    make_hf_qwen3(path, vocab_size=151_669, pad_token_id=151_643, num_hidden_layers=2)
+    for item in qwen_tokenizer_dir.iterdir():
+        shutil.copy(item, path / item.name)
+    return path
+
+
+@pytest.mark.parametrize("out_dim", [None, 48])
+def test_qwen3_student_loads_in_torch_and_sentence_transformers(
+    tiny_qwen3_with_tokenizer, tmp_path, out_dim
+):
+    workdir, _, _ = make_workdir(tmp_path, tiny_qwen3_with_tokenizer, out_dim=out_dim)
+    out = export(workdir, tmp_path / "hf")
+    ours = Embedder.from_pretrained(out).encode(TEXTS)
+    model = SentenceTransformer(str(out), device="cpu")
+    reference = model.encode(TEXTS, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
+    auto = transformers.AutoModel.from_pretrained(out)
+    assert type(auto).__name__ == "Qwen3Model"
+    # The exported tokenizer appends <|endoftext|> like Qwen3-Embedding's.
+    assert model.tokenizer(TEXTS[0])["input_ids"][-1] == 151_643
+    with torch.no_grad():
+        assert auto(**model.tokenizer(TEXTS[:1], return_tensors="pt")).last_hidden_state.ndim == 3
+
+
+def test_missing_workdir_config_is_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        export(tmp_path, tmp_path / "out")
