@@ -24,7 +24,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_c
 _SPLITS = flags.DEFINE_list("splits", ["train", "val"], "Prepared splits to embed (if present).")
 _IMPORT_X = flags.DEFINE_string("import_x", None, ".npy [N, D] teacher vectors of the passages.")
 _IMPORT_PX = flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
-_TEACHER_NAME = flags.DEFINE_string("teacher_name", "external", "Name recorded for imported vectors.")
+_TEACHER_NAME = flags.DEFINE_string(
+    "teacher_name", "external", "Name recorded for imported vectors."
+)
 
 
 def student_dim(config) -> int:
@@ -75,7 +77,9 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
     return written
 
 
-def import_split(config, split: str, dim: int, vectors_x: str, vectors_px: str | None) -> list[Path]:
+def import_split(
+    config, split: str, dim: int, vectors_x: str, vectors_px: str | None
+) -> list[Path]:
     """Stores vectors computed elsewhere (black-box or API teachers) for the split."""
     passages = Path(config.data.dir) / f"{split}.jsonl"
     texts, perturbed = pipeline.load_passages(passages)

@@ -114,7 +114,9 @@ class Embedder:
 
     def tokenize(self, texts: Sequence[str], *, max_length: int | None = None) -> list[list[int]]:
         if self.tokenizer is None:
-            raise ValueError("this model directory has no tokenizer files; use encode_ids or pass tokenizer_dir")
+            raise ValueError(
+                "this model directory has no tokenizer files; use encode_ids or pass tokenizer_dir"
+            )
         return tokenization.tokenize(
             self.tokenizer, texts, max_length=max_length or self.max_length
         )

@@ -106,9 +106,6 @@ def train_step(
     metrics["train/grad_norm"] = optax.tree.norm(grads)
     metrics["train/param_norm"] = optax.tree.norm(params)
     metrics["train/lr"] = schedule(state.step)
-    metrics["train/real_tokens"] = jnp.sum(batch["attention_mask"]) + jnp.sum(
-        jnp.where(batch["has_pert"][:, None], batch["pert_attention_mask"], 0)
-    )
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

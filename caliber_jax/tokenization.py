@@ -43,7 +43,9 @@ def load_tokenizer(
         raise FileNotFoundError(f"{model_dir}: tokenizer directory does not exist")
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         if required:
-            raise FileNotFoundError(f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+            raise FileNotFoundError(
+                f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)})"
+            )
         return None
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 

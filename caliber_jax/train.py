@@ -8,15 +8,12 @@ TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
 import json
-import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
@@ -70,7 +67,9 @@ def make_source(config: ml_collections.ConfigDict, split: str, dim: int) -> pipe
                 f"{path}: missing; run `python -m caliber_jax.prepare` and "
                 "`python -m caliber_jax.embed_teacher` with this config first"
             )
-    return pipeline.TrainSource(passages, teacher_x_path=teacher_x, teacher_px_path=teacher_px, dim=dim)
+    return pipeline.TrainSource(
+        passages, teacher_x_path=teacher_x, teacher_px_path=teacher_px, dim=dim
+    )
 
 
 def make_loader(config, source, tokenize_fn, *, pad_id, train: bool):
@@ -133,7 +132,9 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
             totals[k] = totals.get(k, 0.0) + float(v)
     rows, pert_rows = max(totals.pop("rows"), 1.0), max(totals.pop("pert_rows"), 1.0)
     out = {"val/loss": totals["loss"] / rows, "val/align_x": totals["align_x"] / rows}
-    out.update({f"val/{k}": totals[k] / pert_rows for k in ("align_px", "num", "delta_s", "delta_t")})
+    out.update(
+        {f"val/{k}": totals[k] / pert_rows for k in ("align_px", "num", "delta_s", "delta_t")}
+    )
     return out
 
 
@@ -159,7 +160,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
     tokenize_fn = TokenizeFn(tokenizer_dir)
     tokenizer = tokenization.load_tokenizer(tokenizer_dir)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.config.pad_token_id
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.config.pad_token_id
+    )
 
     train_source = make_source(config, "train", dim)
     steps = total_steps(config, len(train_source))
@@ -188,7 +191,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     init_fn = jax.jit(
         lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
     )
-    loss_args = dict(lam=config.loss.lam, margin=config.loss.margin, reduction=config.loss.reduction)
+    loss_args = dict(
+        lam=config.loss.lam, margin=config.loss.margin, reduction=config.loss.reduction
+    )
     train_fn = jax.jit(
         lambda s, b: step.train_step(
             s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args
@@ -226,7 +231,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     val_factory = None
     if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
         val_source = make_source(config, "val", dim)
-        val_factory = lambda: iter(make_loader(config, val_source, tokenize_fn, pad_id=pad_id, train=False))  # noqa: E731
+        val_factory = lambda: iter(
+            make_loader(config, val_source, tokenize_fn, pad_id=pad_id, train=False)
+        )  # noqa: E731
 
     writer = SummaryWriter(str(workdir / "tensorboard")) if jax.process_index() == 0 else None
     sigterm = SigtermFlag()
@@ -251,22 +258,25 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
-            rows = int(np.sum(batch["weight"])) * jax.process_count()
             state, metrics = train_fn(state, sharding.to_global(batch, mesh))
-            window_rows += rows
+            window_rows += int(np.sum(batch["weight"])) * jax.process_count()
+            window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps
-            must_save = step_num % config.checkpoint_every == 0 or step_num == steps or sigterm.raised
+            must_save = (
+                step_num % config.checkpoint_every == 0 or step_num == steps or sigterm.raised
+            )
             if must_log or must_save:
                 fetched = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 check_finite(fetched, step_num)
-                window_tokens += fetched.pop("train/real_tokens")
                 elapsed = time.perf_counter() - window_start
                 fetched["train/seq_per_s"] = window_rows / elapsed
                 fetched["train/tokens_per_s"] = window_tokens / elapsed
                 window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
                 last.update(fetched)
                 _write(writer, fetched, step_num)
-                bar.set_postfix(loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}")
+                bar.set_postfix(
+                    loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}"
+                )
             if val_factory is not None and (step_num % config.eval_every == 0 or step_num == steps):
                 with jax.transfer_guard("allow"):
                     val = evaluate(eval_fn, state.params, val_factory, mesh)
@@ -284,6 +294,13 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
+
+
+def real_tokens(batch: dict[str, np.ndarray]) -> int:
+    """Non-pad tokens of x and of the existing pi(x) in this host's batch."""
+    real = batch["weight"] > 0
+    pert = real & batch["has_pert"]
+    return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][pert].sum())
 
 
 def _write(writer, metrics: dict[str, float], step_num: int) -> None:

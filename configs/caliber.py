@@ -27,9 +27,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.min_chars = 200
     config.prepare.max_chars = 1200
     config.prepare.include_eval_docs = False
-    config.prepare.max_passages = 0  # 0 = all
-    config.prepare.val_fraction = 0.01
+    config.prepare.categories = ("magnitude", "polarity", "period", "unit", "currency")
+    config.prepare.heldout_fraction = 0.1  # share of whole documents kept for val + NumGap
+    config.prepare.max_passages = 0  # cap on training passages; 0 = all
+    config.prepare.max_val_passages = 2000
     config.prepare.numgap = True
+    config.prepare.numgap_quotas_test = {"magnitude": 500, "polarity": 500, "unit": 300}
+    config.prepare.numgap_quotas_dev = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
+    config.prepare.bm25_k = 10
 
     config.teacher = ml_collections.ConfigDict()
     config.teacher.model_dir = "models/Qwen3-Embedding-8B"

@@ -1,6 +1,6 @@
 """LEAF: alignment-only distillation, i.e. Caliber with lambda = 0 (../papers/002).
 
-    python -m caliber_jax.train --config configs/leaf.py --workdir runs/leaf
+python -m caliber_jax.train --config configs/leaf.py --workdir runs/leaf
 """
 
 from configs import caliber

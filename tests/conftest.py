@@ -46,7 +46,8 @@ def filing_passages() -> list[str]:
     with gzip.open(FINANCEBENCH / "filings.jsonl.gz", "rt", encoding="utf-8") as handle:
         for _, line in zip(range(3), handle):
             text = json.loads(line)["text"]
-            passages += [p.strip() for p in text.split("\n\n") if 100 <= len(p.strip()) <= 1500][:40]
+            paragraphs = [p.strip() for p in text.split("\n\n")]
+            passages += [p for p in paragraphs if 100 <= len(p) <= 1500][:40]
     return passages
 
 

@@ -47,7 +47,9 @@ class BertConfig:
             )
         act = hf.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
-            raise ValueError(f"config.json: hidden_act={act!r}, expected one of {sorted(_ACTIVATIONS)}")
+            raise ValueError(
+                f"config.json: hidden_act={act!r}, expected one of {sorted(_ACTIVATIONS)}"
+            )
         if hf["hidden_size"] % hf["num_attention_heads"]:
             raise ValueError("config.json: hidden_size is not a multiple of num_attention_heads")
         return cls(
@@ -147,7 +149,9 @@ class BertLayer(nnx.Module):
 class BertEncoder(nnx.Module):
     """Token ids [B, T] and mask [B, T] -> last hidden states [B, T, D]."""
 
-    def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False):
+    def __init__(
+        self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False
+    ):
         self.config = config
         self.embeddings = BertEmbeddings(config, dtype=dtype, rngs=rngs)
         self.layer = nnx.List(

@@ -106,7 +106,9 @@ def _read_pooling(model_dir: Path) -> str:
                 return "mean"
             if conf.get("pooling_mode_lasttoken"):
                 return "last"
-            raise ValueError(f"{model_dir / module['path']}/config.json: unsupported pooling {conf}")
+            raise ValueError(
+                f"{model_dir / module['path']}/config.json: unsupported pooling {conf}"
+            )
     return "mean"
 
 
@@ -128,7 +130,9 @@ def abstract_model(spec: ModelSpec, *, dtype: jnp.dtype, remat: bool = False) ->
     return nnx.eval_shape(lambda: EmbeddingModel(spec, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
 
 
-def load_flat_params(model_dir: str | Path, spec: ModelSpec, *, seed: int = 0) -> dict[str, np.ndarray]:
+def load_flat_params(
+    model_dir: str | Path, spec: ModelSpec, *, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Flat float32 params (`encoder.*`, `dense.*`) read from a HF / sentence-transformers directory.
 
     A W_out that the directory does not hold is initialised (Xavier uniform, zero bias) from `seed`.
@@ -145,7 +149,10 @@ def load_flat_params(model_dir: str | Path, spec: ModelSpec, *, seed: int = 0) -
     width = spec.config.width
     if (model_dir / DENSE_DIR / "model.safetensors").is_file():
         dense = hf.read_safetensors(model_dir / DENSE_DIR)
-        for name, shape in (("linear.weight", (spec.out_dim, width)), ("linear.bias", (spec.out_dim,))):
+        for name, shape in (
+            ("linear.weight", (spec.out_dim, width)),
+            ("linear.bias", (spec.out_dim,)),
+        ):
             if name not in dense:
                 raise ValueError(f"{model_dir / DENSE_DIR}: missing tensor {name!r}")
             if tuple(dense[name].shape) != shape:
@@ -201,7 +208,9 @@ def save_pretrained(
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     encoder = {k.removeprefix("encoder."): v for k, v in flat.items() if k.startswith("encoder.")}
-    hf.save_safetensors(hf.flat_to_hf(encoder, spec.family, spec.config), output_dir / "model.safetensors")
+    hf.save_safetensors(
+        hf.flat_to_hf(encoder, spec.family, spec.config), output_dir / "model.safetensors"
+    )
     config = {**spec.raw_config, **spec.config.to_hf(), "torch_dtype": "float32"}
     config.pop("dtype", None)
     hf.save_json(config, output_dir / "config.json")
@@ -211,7 +220,12 @@ def save_pretrained(
 
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
     ]
     width = spec.config.width
     hf.save_json(

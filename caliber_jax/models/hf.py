@@ -85,7 +85,10 @@ FAMILIES = {
     "bert": (bert.BertConfig, bert.BertEncoder, BERT_TABLE, "bert."),
 }
 # Old BERT checkpoints name LayerNorm parameters gamma/beta.
-_LEGACY_NAMES = ((re.compile(r"LayerNorm\.gamma$"), "LayerNorm.weight"), (re.compile(r"LayerNorm\.beta$"), "LayerNorm.bias"))
+_LEGACY_NAMES = (
+    (re.compile(r"LayerNorm\.gamma$"), "LayerNorm.weight"),
+    (re.compile(r"LayerNorm\.beta$"), "LayerNorm.bias"),
+)
 
 
 def load_config(model_dir: str | os.PathLike) -> tuple[str, Any, dict[str, Any]]:
@@ -183,7 +186,9 @@ def flat_to_hf(flat: dict[str, np.ndarray], family: str, config: Any) -> dict[st
             if ours in flat:
                 value = np.asarray(flat[ours], dtype=np.float32)
                 out[hf_name] = np.ascontiguousarray(value.T if transform == "transpose" else value)
-    named = {t[1].format(i=i) for t in table for i, _ in _layer_names(t[1], config.num_hidden_layers)}
+    named = {
+        t[1].format(i=i) for t in table for i, _ in _layer_names(t[1], config.num_hidden_layers)
+    }
     if missing := set(flat) - named:
         raise ValueError(f"parameters with no HF name: {sorted(missing)}")
     return out
@@ -194,7 +199,9 @@ def expected_shapes(family: str, config: Any) -> dict[str, tuple[int, ...]]:
     encoder_cls = FAMILIES[family][1]
     abstract = nnx.eval_shape(lambda: encoder_cls(config, dtype=jnp.float32, rngs=nnx.Rngs(0)))
     params = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
-    return {k: tuple(v.shape) for k, v in flatten(params).items() if isinstance(v, jax.ShapeDtypeStruct)}
+    return {
+        k: tuple(v.shape) for k, v in flatten(params).items() if isinstance(v, jax.ShapeDtypeStruct)
+    }
 
 
 def flatten(tree: dict[Any, Any], prefix: str = "") -> dict[str, Any]:

@@ -35,12 +35,16 @@ class Qwen3Config:
         if hf.get("model_type") not in ("qwen3", None):
             raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, expected 'qwen3'")
         if hf.get("use_sliding_window"):
-            raise ValueError("config.json: use_sliding_window=true is not supported by this encoder")
+            raise ValueError(
+                "config.json: use_sliding_window=true is not supported by this encoder"
+            )
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act={hf['hidden_act']!r}, expected 'silu'")
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"config.json: rope scaling {rope!r} is not supported (default RoPE only)")
+            raise ValueError(
+                f"config.json: rope scaling {rope!r} is not supported (default RoPE only)"
+            )
         theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
         heads = hf["num_attention_heads"]
         pad = hf.get("pad_token_id")
@@ -89,7 +93,13 @@ class Qwen3Config:
 def _linear(d_in: int, d_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
     init = nnx.initializers.normal(0.02)
     return nnx.Linear(
-        d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=jnp.float32, kernel_init=init, rngs=rngs
+        d_in,
+        d_out,
+        use_bias=bias,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        kernel_init=init,
+        rngs=rngs,
     )
 
 
@@ -156,7 +166,9 @@ class Qwen3DecoderLayer(nnx.Module):
 class Qwen3Encoder(nnx.Module):
     """Token ids [B, T] and mask [B, T] -> final-norm hidden states [B, T, D]."""
 
-    def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False):
+    def __init__(
+        self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False
+    ):
         self.config = config
         self.embed_tokens = nnx.Embed(
             config.vocab_size,
@@ -167,7 +179,10 @@ class Qwen3Encoder(nnx.Module):
             rngs=rngs,
         )
         self.layers = nnx.List(
-            [Qwen3DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_hidden_layers)]
+            [
+                Qwen3DecoderLayer(config, dtype=dtype, rngs=rngs)
+                for _ in range(config.num_hidden_layers)
+            ]
         )
         self.norm = layers.RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
         self.remat = remat

@@ -1,0 +1,240 @@
+"""NumGap construction (paper section 4, Appendix D.1, D.4, D.5).
+
+A record pairs an anchor passage with one numeric perturbation of it and a BM25 distractor: a
+topical neighbour from the same corpus whose numeric tokens barely overlap the anchor's.
+"""
+
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import bm25s
+
+from caliber_jax.data import corpus, perturb
+
+RECORD_FIELDS = ("category", "anchor", "perturbed", "distractor", "anchor_id", "distractor_id")
+SPLITS = ("dev", "test")
+# Released v1 sizes (Appendix D.5); period got 26 dev records because it rarely fired there.
+PAPER_QUOTAS_TEST: Mapping[str, int] = {"magnitude": 500, "polarity": 500, "unit": 300}
+PAPER_QUOTAS_DEV: Mapping[str, int] = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
+_SENTENCE_TERMINATOR_CHARS = ".!?"
+# Appendix D.1 anchor filter.
+ANCHOR_MIN_CHARS = 200
+ANCHOR_MAX_CHARS = 1200
+ANCHOR_MIN_NUMERIC_TOKENS = 2
+
+
+def is_eligible(text: str, *, min_chars: int, max_chars: int, min_numeric_tokens: int) -> bool:
+    """Appendix D.1 filter: length bounds, enough numeric tokens, a sentence terminator."""
+    return (
+        min_chars <= len(text) <= max_chars
+        and any(char in text for char in _SENTENCE_TERMINATOR_CHARS)
+        and len(perturb.numeric_spans(text)) >= min_numeric_tokens
+    )
+
+
+def numeric_tokens(text: str) -> set[str]:
+    """The set of NUM_RE token strings in `text`."""
+    return {text[start:end] for start, end in perturb.numeric_spans(text)}
+
+
+def numeric_jaccard(a: str, b: str) -> float:
+    """Jaccard similarity of the numeric token sets of two texts (0 when both have none)."""
+    tokens_a, tokens_b = numeric_tokens(a), numeric_tokens(b)
+    union = tokens_a | tokens_b
+    return len(tokens_a & tokens_b) / len(union) if union else 0.0
+
+
+def pick_distractor(anchor: str, candidates: Sequence[str], *, max_jaccard: float) -> int | None:
+    """Returns the index of the candidate closest in length to `anchor` (earliest on ties).
+
+    Candidates equal to the anchor or with numeric Jaccard above `max_jaccard` are skipped.
+    """
+    best, best_gap = None, None
+    for index, text in enumerate(candidates):
+        if text == anchor or numeric_jaccard(anchor, text) > max_jaccard:
+            continue
+        gap = abs(len(text) - len(anchor))
+        if best_gap is None or gap < best_gap:
+            best, best_gap = index, gap
+    return best
+
+
+class Bm25Neighbours:
+    """BM25 (bm25s, English stopwords) over a fixed list of texts, queried by text index."""
+
+    def __init__(self, texts: Sequence[str]):
+        if not texts:
+            raise ValueError("cannot index an empty corpus")
+        tokens = bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
+        self._token_ids = tokens.ids
+        self._retriever = bm25s.BM25()
+        self._retriever.index(tokens, show_progress=False)
+        self.size = len(texts)
+
+    def neighbours(self, indices: Sequence[int], *, k: int) -> list[list[int]]:
+        """Top-`k` BM25 neighbours (score > 0, best first) of each indexed text, self included."""
+        queries = [self._token_ids[index] for index in indices]
+        # An empty query (all stopwords) has no neighbours; bm25s rejects it, so skip it.
+        live = [position for position, query in enumerate(queries) if query]
+        results: list[list[int]] = [[] for _ in indices]
+        if not live:
+            return results
+        documents, scores = self._retriever.retrieve(
+            [queries[position] for position in live],
+            k=min(k, self.size),
+            show_progress=False,
+            backend_selection="numpy",  # This module stays free of jax.
+        )
+        for position, row_docs, row_scores in zip(live, documents, scores, strict=True):
+            results[position] = [
+                int(doc) for doc, score in zip(row_docs, row_scores, strict=True) if score > 0
+            ]
+        return results
+
+
+def _check_quotas(quotas: Mapping[str, int], name: str) -> None:
+    for category, quota in quotas.items():
+        if category not in perturb.CATEGORIES or quota < 0:
+            raise ValueError(f"{name}: bad quota {category!r}: {quota!r}")
+
+
+def build_numgap(
+    passages: Sequence[Mapping[str, Any]],
+    *,
+    quotas_test: Mapping[str, int] = PAPER_QUOTAS_TEST,
+    quotas_dev: Mapping[str, int] = PAPER_QUOTAS_DEV,
+    seed: int = 0,
+    bm25_k: int = 10,
+    max_jaccard: float = 0.5,
+    min_chars: int = ANCHOR_MIN_CHARS,
+    max_chars: int = ANCHOR_MAX_CHARS,
+    min_numeric_tokens: int = ANCHOR_MIN_NUMERIC_TOKENS,
+    batch_size: int = 256,
+) -> dict[str, list[dict[str, str]]]:
+    """Builds the NumGap dev and test splits from `passages`.
+
+    Eligible anchors (see `is_eligible`) are visited in seeded order. Each is offered to the
+    firing category with the largest unmet share of its quota, then gets a distractor (the
+    length-closest of its top-`bm25_k` BM25 neighbours in `passages`, minus itself and numeric
+    Jaccard duplicates) and goes to the split with the larger unmet share. An anchor is used at
+    most once; anchors without a distractor are skipped. Quotas are upper bounds.
+
+    Args:
+      passages: dicts with unique `id` and `text`; also the distractor pool.
+      quotas_test, quotas_dev: records per category in each split.
+      seed: anchor order and perturbation choice.
+      bm25_k: neighbours retrieved per anchor (including the anchor itself).
+      max_jaccard: drop neighbours whose numeric-token Jaccard with the anchor exceeds this.
+      min_chars, max_chars, min_numeric_tokens: anchor eligibility (Appendix D.1).
+      batch_size: anchors per BM25 retrieval batch (speed only; results do not depend on it).
+
+    Returns:
+      {"dev": [record, ...], "test": [record, ...]} with RECORD_FIELDS keys.
+    """
+    _check_quotas(quotas_test, "quotas_test")
+    _check_quotas(quotas_dev, "quotas_dev")
+    ids = [str(passage["id"]) for passage in passages]
+    texts = [passage["text"] for passage in passages]
+    if len(set(ids)) != len(ids):
+        raise ValueError("passage ids must be unique")
+    remaining = {
+        "test": {category: int(n) for category, n in quotas_test.items()},
+        "dev": {category: int(n) for category, n in quotas_dev.items()},
+    }
+    totals = {
+        category: quotas_test.get(category, 0) + quotas_dev.get(category, 0)
+        for category in perturb.CATEGORIES
+    }
+
+    def unmet_share(category: str) -> float:
+        left = remaining["test"].get(category, 0) + remaining["dev"].get(category, 0)
+        return left / totals[category] if totals[category] else 0.0
+
+    eligible = [
+        index
+        for index, text in enumerate(texts)
+        if is_eligible(
+            text, min_chars=min_chars, max_chars=max_chars, min_numeric_tokens=min_numeric_tokens
+        )
+    ]
+    random.Random(seed).shuffle(eligible)
+    splits: dict[str, list[dict[str, str]]] = {split: [] for split in SPLITS}
+    if not eligible or not any(totals.values()):
+        return splits
+    index = Bm25Neighbours(texts)
+    for batch_start in range(0, len(eligible), batch_size):
+        wanted = [category for category in perturb.CATEGORIES if unmet_share(category) > 0]
+        if not wanted:
+            break
+        batch = eligible[batch_start : batch_start + batch_size]
+        fired = [
+            perturb.perturb_all(
+                texts[anchor],
+                seed=perturb.derive_seed(seed, "numgap", ids[anchor]),
+                categories=wanted,
+            )
+            for anchor in batch
+        ]
+        needs_distractor = [anchor for anchor, options in zip(batch, fired, strict=True) if options]
+        neighbours = dict(
+            zip(needs_distractor, index.neighbours(needs_distractor, k=bm25_k), strict=True)
+        )
+        for anchor, options in zip(batch, fired, strict=True):
+            open_categories = [category for category in options if unmet_share(category) > 0]
+            if not open_categories:
+                continue
+            candidates = [doc for doc in neighbours[anchor] if doc != anchor]
+            choice = pick_distractor(
+                texts[anchor], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
+            )
+            if choice is None:
+                continue
+            # Largest unmet share first; CATEGORIES order breaks ties.
+            category = max(open_categories, key=unmet_share)
+            split = max(
+                SPLITS,
+                key=lambda name: (
+                    remaining[name].get(category, 0)
+                    / max(1, (quotas_test if name == "test" else quotas_dev).get(category, 0))
+                ),
+            )
+            remaining[split][category] -= 1
+            distractor = candidates[choice]
+            splits[split].append(
+                {
+                    "category": category,
+                    "anchor": texts[anchor],
+                    "perturbed": options[category],
+                    "distractor": texts[distractor],
+                    "anchor_id": ids[anchor],
+                    "distractor_id": ids[distractor],
+                }
+            )
+    return splits
+
+
+def save_numgap(output_dir: str | os.PathLike, splits: Mapping[str, Sequence[Mapping]]) -> dict:
+    """Atomically writes `numgap_<split>.jsonl` per split; returns {split: path}."""
+    paths = {}
+    for split, records in splits.items():
+        path = Path(output_dir) / f"numgap_{split}.jsonl"
+        corpus.save_jsonl(path, records)
+        paths[split] = str(path)
+    return paths
+
+
+def load_numgap(path: str | os.PathLike) -> list[dict[str, str]]:
+    """Reads NumGap records, checking that each has every RECORD_FIELDS string field."""
+    records = corpus.load_jsonl(path)
+    for number, record in enumerate(records, start=1):
+        for field in RECORD_FIELDS:
+            if not isinstance(record.get(field), str):
+                raise ValueError(
+                    f"{path}: record {number}: field {field!r} missing or not a string"
+                )
+        if record["category"] not in perturb.CATEGORIES:
+            raise ValueError(f"{path}: record {number}: unknown category {record['category']!r}")
+    return records

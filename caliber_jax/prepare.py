@@ -1,0 +1,194 @@
+"""Entry point: corpus file -> passages with one numeric perturbation each, splits, NumGap, stats.
+
+    python -m caliber_jax.prepare --config configs/caliber.py [--config.prepare.input=F ...]
+
+Writes into `config.data.dir`: `passages.jsonl` (every passage: {"id", "text", "doc_name", ...,
+"category", "perturbed"}, the last two null when no rule fires), `train.jsonl` and `val.jsonl`
+(a seeded share of whole documents is held out for validation), `stats.json` and, with
+`prepare.numgap`, `numgap_dev.jsonl` / `numgap_test.jsonl` built from the held-out documents only,
+so the NumGap test set never overlaps training text. FinanceBench evaluation filings are left out
+unless `prepare.include_eval_docs`.
+"""
+
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from caliber_jax.data import corpus, numgap, perturb
+
+
+def choose_perturbation(
+    text: str, *, seed: int, categories: Sequence[str]
+) -> tuple[dict[str, str], str | None]:
+    """Returns (each firing category -> perturbed text, the category picked by `seed`)."""
+    fired = perturb.perturb_all(text, seed=seed, categories=categories)
+    if not fired:
+        return fired, None
+    return fired, random.Random(seed).choice(sorted(fired))
+
+
+def prepare(
+    input_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    text_field: str = "text",
+    min_chars: int = 200,
+    max_chars: int = 1200,
+    include_eval_docs: bool = False,
+    seed: int = 0,
+    categories: Sequence[str] = perturb.CATEGORIES,
+    build_numgap: bool = False,
+    quotas_test: Mapping[str, int] = numgap.PAPER_QUOTAS_TEST,
+    quotas_dev: Mapping[str, int] = numgap.PAPER_QUOTAS_DEV,
+    bm25_k: int = 10,
+    heldout_fraction: float = 0.0,
+    max_train_passages: int = 0,
+    max_val_passages: int = 0,
+) -> dict[str, Any]:
+    """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
+
+    Each passage gets one perturbation, drawn uniformly among the `categories` that fire on it;
+    it depends only on (`seed`, passage id, `categories`). NumGap uses its own quotas. All
+    files are written atomically into `output_dir`.
+
+    `heldout_fraction` of the documents (at least one when > 0 and there are two or more) go to
+    `val.jsonl` and are the only source of NumGap; the rest go to `train.jsonl`. The caps
+    (0 = none) keep a seeded sample of each split.
+    """
+    records = corpus.load_records(input_path, text_field=text_field)
+    passages = list(
+        corpus.make_passages(
+            records,
+            min_chars=min_chars,
+            max_chars=max_chars,
+            exclude_eval_docs=not include_eval_docs,
+        )
+    )
+    admits = dict.fromkeys(perturb.CATEGORIES, 0)
+    chosen = dict.fromkeys(perturb.CATEGORIES, 0)
+    for passage in passages:
+        fired, category = choose_perturbation(
+            passage["text"], seed=perturb.derive_seed(seed, passage["id"]), categories=categories
+        )
+        for name in fired:
+            admits[name] += 1
+        if category is not None:
+            chosen[category] += 1
+        passage["category"] = category
+        passage["perturbed"] = fired[category] if category is not None else None
+    output_dir = Path(output_dir)
+    corpus.save_jsonl(output_dir / "passages.jsonl", passages)
+    heldout = heldout_documents(
+        sorted({p["doc_name"] for p in passages}), fraction=heldout_fraction, seed=seed
+    )
+    train = [p for p in passages if p["doc_name"] not in heldout]
+    val = [p for p in passages if p["doc_name"] in heldout]
+    corpus.save_jsonl(output_dir / "train.jsonl", sample(train, max_train_passages, seed=seed))
+    if val:
+        corpus.save_jsonl(output_dir / "val.jsonl", sample(val, max_val_passages, seed=seed))
+    perturbable = sum(chosen.values())
+    stats: dict[str, Any] = {
+        "input": str(input_path),
+        "passages": len(passages),
+        "documents": len({passage["doc_name"] for passage in passages}),
+        "perturbable": perturbable,
+        "perturbable_share": perturbable / len(passages) if passages else 0.0,
+        "admits": admits,
+        "chosen": chosen,
+        "seed": seed,
+        "categories": list(categories),
+        "include_eval_docs": include_eval_docs,
+        "heldout_documents": sorted(heldout),
+        "train_passages": min(len(train), max_train_passages or len(train)),
+        "val_passages": min(len(val), max_val_passages or len(val)),
+    }
+    if build_numgap:
+        source = val or passages
+        texts = [passage["text"] for passage in source]
+        splits = numgap.build_numgap(
+            [{"id": passage["id"], "text": passage["text"]} for passage in source],
+            quotas_test=quotas_test,
+            quotas_dev=quotas_dev,
+            seed=seed,
+            bm25_k=bm25_k,
+        )
+        numgap.save_numgap(output_dir, splits)
+        stats["numgap_eligible_anchors"] = sum(
+            numgap.is_eligible(
+                text,
+                min_chars=numgap.ANCHOR_MIN_CHARS,
+                max_chars=numgap.ANCHOR_MAX_CHARS,
+                min_numeric_tokens=numgap.ANCHOR_MIN_NUMERIC_TOKENS,
+            )
+            for text in texts
+        )
+        stats["numgap"] = {
+            split: {
+                category: sum(record["category"] == category for record in records)
+                for category in perturb.CATEGORIES
+            }
+            for split, records in splits.items()
+        }
+    corpus.save_json(output_dir / "stats.json", stats)
+    return stats
+
+
+def heldout_documents(names: Sequence[str], *, fraction: float, seed: int) -> set[str]:
+    """A seeded share of whole documents (by name), independent of their order."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"heldout_fraction={fraction} must be in [0, 1)")
+    if fraction == 0.0 or len(names) < 2:
+        return set()
+    count = max(1, round(fraction * len(names)))
+    ranked = sorted(names, key=lambda name: perturb.derive_seed(seed, "heldout", name))
+    return set(ranked[:count])
+
+
+def sample(rows: list[dict[str, Any]], cap: int, *, seed: int) -> list[dict[str, Any]]:
+    """At most `cap` rows (0 = all), a seeded choice kept in corpus order."""
+    if not cap or len(rows) <= cap:
+        return rows
+    keep = set(random.Random(seed).sample(range(len(rows)), cap))
+    return [row for i, row in enumerate(rows) if i in keep]
+
+
+def prepare_from_config(config) -> dict[str, Any]:
+    """`prepare` with the fields of `config.prepare`, writing into `config.data.dir`."""
+    options = config.prepare
+    return prepare(
+        options.input,
+        config.data.dir,
+        text_field=options.text_field,
+        min_chars=options.min_chars,
+        max_chars=options.max_chars,
+        include_eval_docs=options.include_eval_docs,
+        seed=config.seed,
+        categories=tuple(options.categories),
+        build_numgap=options.numgap,
+        quotas_test=dict(options.numgap_quotas_test),
+        quotas_dev=dict(options.numgap_quotas_dev),
+        bm25_k=options.bm25_k,
+        heldout_fraction=options.heldout_fraction,
+        max_train_passages=options.max_passages,
+        max_val_passages=options.max_val_passages,
+    )
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    stats = prepare_from_config(flags.FLAGS.config)
+    print(json.dumps(stats, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    # Defined only when run as a script, so that tests can import `prepare` freely.
+    config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+    flags.mark_flag_as_required("config")
+    app.run(main)

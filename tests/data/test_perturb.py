@@ -1,0 +1,418 @@
+"""Tests for caliber_jax.data.perturb: golden examples per category and property tests."""
+
+import decimal
+import itertools
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from caliber_jax.data import perturb
+
+SEEDS = range(40)
+
+
+def outputs(text: str, category: str) -> set[str | None]:
+    return {perturb.perturb(text, category, seed=seed) for seed in SEEDS}
+
+
+def tokens(text: str) -> list[str]:
+    return [text[start:end] for start, end in perturb.numeric_spans(text)]
+
+
+# --- numeric spans -------------------------------------------------------------------------------
+
+
+def test_numeric_spans_follow_the_paper_regex():
+    text = "Revenue grew 12.4% to $3,400 million in fiscal 2022, up from $2.2 billion in FY2021."
+    assert tokens(text) == ["12.4", "$3,400", "2022", "$2.2", "FY2021"]
+    assert tokens("margin up 25 bps, loss of EUR 500 million in Q3 2023") == [
+        "25 bps",
+        "500 million",
+        "Q3 2023",
+    ]
+    assert tokens("changes of +1.5% and \u22122.1% and 7% and 5M units") == [
+        "+1.5%",
+        "\u22122.1%",
+        "7%",
+        "5M",
+    ]
+
+
+def test_numeric_spans_skip_plain_integers_codes_and_zips():
+    assert tokens("Note 14, Form 10-K, Washington, D.C. 20549, item 7A, Room 101") == []
+    assert tokens("abc2020 and x1.5") == []  # Preceded by a letter.
+
+
+def test_numeric_spans_are_sorted_and_disjoint():
+    spans = perturb.numeric_spans("1,000 2.5 2019 Q1 2020 +3% 40 basis points 7 billion")
+    assert len(spans) == 7
+    assert spans == sorted(spans)
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
+
+
+def test_edit_distance():
+    assert perturb.edit_distance("kitten", "sitting") == 3
+    assert perturb.edit_distance("12.4%", "1.24%") == 2
+    assert perturb.edit_distance("same", "same") == 0
+
+
+# --- magnitude -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("number", "exponent", "expected"),
+    [
+        ("12.4", -1, "1.24"),
+        ("12.4", 1, "124"),
+        ("3,400", 1, "34,000"),
+        ("3,400", -1, "340"),
+        ("3,455", -1, "345.5"),
+        ("915", 1, "9,150"),
+        ("1234.5", 1, "12345"),
+        ("0.5", -1, "0.05"),
+        ("5", -1, "0.5"),
+        ("1,000.50", -1, "100.050"),
+        ("1.500", 1, "15.00"),
+        ("1.500", -1, "0.1500"),
+        ("0.05", 1, "0.5"),
+        ("999,999", 1, "9,999,990"),
+    ],
+)
+def test_shift_decimal(number, exponent, expected):
+    assert perturb.shift_decimal(number, exponent) == expected
+
+
+def test_shift_decimal_of_zero_is_none():
+    assert perturb.shift_decimal("0.00", 1) is None
+
+
+@given(st.decimals(min_value=0, max_value=10**9, places=3, allow_nan=False), st.booleans())
+def test_shift_decimal_round_trips_the_value(value, up):
+    number = f"{value:,f}"
+    shifted = perturb.shift_decimal(number, 1 if up else -1)
+    if value == 0:
+        assert shifted is None
+        return
+    assert decimal.Decimal(shifted.replace(",", "")) == value.scaleb(1 if up else -1)
+    integer = shifted.partition(".")[0]
+    assert re.fullmatch(r"\d{1,3}(,\d{3})*", integer), shifted  # Regrouped separators.
+
+
+def test_magnitude_shifts_one_number_and_never_a_year():
+    assert outputs("Sales rose 12.4% in 2021.", "magnitude") == {
+        "Sales rose 1.24% in 2021.",
+        "Sales rose 124% in 2021.",
+    }
+    assert outputs("Debt was $3,400 at year end.", "magnitude") == {
+        "Debt was $34,000 at year end.",
+        "Debt was $340 at year end.",
+    }
+
+
+def test_magnitude_skips_years_and_periods():
+    assert outputs("Compared with 2021, FY2022 and Q3 2023 and fiscal 1999.", "magnitude") == {None}
+
+
+def test_magnitude_skips_document_references():
+    text = "See Exhibit 31.2, Item 5.03 and Note 3.1 for the 2.5% rate."
+    assert outputs(text, "magnitude") == {
+        "See Exhibit 31.2, Item 5.03 and Note 3.1 for the 0.25% rate.",
+        "See Exhibit 31.2, Item 5.03 and Note 3.1 for the 25% rate.",
+    }
+
+
+# --- polarity ------------------------------------------------------------------------------------
+
+
+def test_polarity_swaps_direction_words_preserving_case():
+    assert outputs("Revenue increased 5.5% this year.", "polarity") == {
+        "Revenue decreased 5.5% this year."
+    }
+    assert outputs("Increased 5.5% this year.", "polarity") == {"Decreased 5.5% this year."}
+    assert outputs("NET LOSS OF $2.5 was recorded.", "polarity") == {
+        "NET GAIN OF $2.5 was recorded."
+    }
+    assert outputs("the deficit widened to 1.2 billion", "polarity") == {
+        "the surplus widened to 1.2 billion",
+        "the deficit narrowed to 1.2 billion",
+    }
+
+
+def test_polarity_needs_a_number_within_50_characters():
+    far = "Revenue increased" + " because of many unrelated factors, xx" * 2 + " to 5.5% later."
+    assert far.index("5.5") - far.index("increased") - len("increased") > 50
+    assert outputs(far, "polarity") == {None}
+    assert outputs("Revenue increased a lot, with no figures at all.", "polarity") == {None}
+
+
+def test_polarity_flips_explicit_signs():
+    assert outputs("a change of -3.2% in margin", "polarity") == {"a change of +3.2% in margin"}
+    assert outputs("a change of +1.5% in margin", "polarity") == {"a change of -1.5% in margin"}
+    assert outputs("a change of \u22122.1% in margin", "polarity") == {
+        "a change of +2.1% in margin"
+    }
+
+
+def test_polarity_leaves_ranges_and_hyphenated_words_alone():
+    assert outputs("a range of 5-10% for the up-front fee", "polarity") == {None}
+
+
+# --- period --------------------------------------------------------------------------------------
+
+
+def test_period_shifts_quarter_year_keeping_format():
+    results = outputs("Sales in Q3 2023 were flat.", "period")
+    assert results == {
+        f"Sales in Q3 {year} were flat." for year in (2020, 2021, 2022, 2024, 2025, 2026)
+    }
+
+
+def test_period_shifts_fiscal_years_keeping_format():
+    assert outputs("Guidance for FY22 is 7%.", "period") == {
+        f"Guidance for FY{year} is 7%." for year in (19, 20, 21, 23, 24, 25)
+    }
+    assert outputs("Guidance for FY 2022 is set.", "period") == {
+        f"Guidance for FY {year} is set." for year in (2019, 2020, 2021, 2023, 2024, 2025)
+    }
+    assert outputs("In fiscal 2022 we grew.", "period") == {
+        f"In fiscal {year} we grew." for year in (2019, 2020, 2021, 2023, 2024, 2025)
+    }
+
+
+def test_period_keeps_years_in_range_and_skips_non_years():
+    assert outputs("Maturity in 2099.", "period") == {
+        f"Maturity in {y}." for y in (2096, 2097, 2098)
+    }
+    assert outputs("Sales of $3,400 and 12.5% with 1,999 units.", "period") == {None}
+
+
+# --- unit ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("paid $915 million in cash", {"paid $915 billion in cash", "paid $915 thousand in cash"}),
+        ("paid 2.2 Billion in cash", {"paid 2.2 Million in cash"}),
+        ("rates up 25 bps in 2020", {"rates up 25% in 2020"}),
+        ("rates up 25 basis points in 2020", {"rates up 25 percent in 2020"}),
+        ("margin of 3.2% overall", {"margin of 3.2 bps overall"}),
+        ("up 0.7 percentage points in 2019", {"up 0.7 basis points in 2019"}),
+        ("up 5 percent in 2019", {"up 5 basis points in 2019"}),
+        ("a $5M fee", {"a $5B fee"}),
+        ("3 thousands of units in 2019", {"3 millions of units in 2019"}),
+    ],
+)
+def test_unit_swaps_the_unit_after_a_number(text, expected):
+    assert outputs(text, "unit") == expected
+
+
+def test_letter_units_need_a_currency_symbol():
+    text = "3M Company reported 1.5% growth"
+    assert tokens(text) == ["3M", "1.5"]  # The paper regex does match "3M".
+    assert outputs(text, "magnitude") == {
+        "3M Company reported 0.15% growth",
+        "3M Company reported 15% growth",
+    }
+    assert outputs(text, "unit") == {"3M Company reported 1.5 bps growth"}
+    assert outputs("a $5M fee and a $20K bonus", "magnitude") == {
+        "a $50M fee and a $20K bonus",
+        "a $0.5M fee and a $20K bonus",
+        "a $5M fee and a $200K bonus",
+        "a $5M fee and a $2K bonus",
+    }
+
+
+def test_unit_needs_a_number_before_the_unit_word():
+    assert outputs("Millions of customers since 2019 and a percent of them.", "unit") == {None}
+    assert outputs("Class B shares and 10 K-cups in 2019.", "unit") == {None}
+
+
+# --- currency ------------------------------------------------------------------------------------
+
+
+def test_currency_swaps_codes_and_symbols_attached_to_numbers():
+    code = outputs("notes of EUR 500 million due 2026", "currency")
+    assert code == {
+        f"notes of {other} 500 million due 2026" for other in perturb.ISO_CODES if other != "EUR"
+    }
+    symbol = outputs("a fee of $5.2 billion", "currency")
+    assert symbol == {f"a fee of {other}5.2 billion" for other in "\u20ac\u00a3\u00a5"}
+    after = outputs("a fee of 5.2 million USD in 2020", "currency")
+    assert after == {f"a fee of 5.2 million {c} in 2020" for c in perturb.ISO_CODES if c != "USD"}
+
+
+def test_currency_needs_a_number_next_to_the_code():
+    assert outputs("The EUR and the $ moved in 2020.", "currency") == {None}
+
+
+# --- all categories ------------------------------------------------------------------------------
+
+
+def test_no_numeric_token_means_no_perturbation():
+    text = "Revenue increased by millions of EUR, up strongly."
+    assert all(perturb.perturb(text, c, seed=s) is None for c in perturb.CATEGORIES for s in SEEDS)
+    assert perturb.perturb_any(text, seed=0) is None
+
+
+def test_unknown_category_raises():
+    with pytest.raises(ValueError, match="unknown perturbation category 'size'"):
+        perturb.perturb("12.4%", "size")
+
+
+RICH = (
+    "In FY2022 revenue increased 12.4% to $3,400 million, up from $2.2 billion in 2021, "
+    "while margins improved 25 bps and the deficit narrowed to EUR 1.2 billion in Q3 2022."
+)
+
+
+def test_seeds_choose_different_edits_and_repeat_exactly():
+    for category in perturb.CATEGORIES:
+        first = [perturb.perturb(RICH, category, seed=seed) for seed in SEEDS]
+        assert first == [perturb.perturb(RICH, category, seed=seed) for seed in SEEDS]
+        assert len(set(first)) >= 3, category
+    assert {perturb.perturb_any(RICH, seed=seed)[0] for seed in SEEDS} == set(perturb.CATEGORIES)
+
+
+def test_perturb_any_restricted_categories():
+    category, text = perturb.perturb_any(RICH, seed=3, categories=("unit",))
+    assert category == "unit"
+    assert text == perturb.perturb_all(RICH, seed=3, categories=("unit",))["unit"]
+
+
+def test_output_does_not_depend_on_hash_seed():
+    code = (
+        "from caliber_jax.data import perturb;"
+        f"print([perturb.perturb_any({RICH!r}, seed=s) for s in range(8)])"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for hash_seed in ("1", "2")
+    }
+    assert len(runs) == 1
+    assert runs.pop() == str([perturb.perturb_any(RICH, seed=s) for s in range(8)]) + "\n"
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+
+def changes_only(text: str, new: str, start: int, end: int) -> bool:
+    """True when `new` is `text` with only `text[start:end]` replaced."""
+    return (
+        new.startswith(text[:start])
+        and new.endswith(text[end:])
+        and len(new) >= start + len(text) - end
+    )
+
+
+_DIRECTION_WORD_RE = re.compile(r"[A-Za-z]+")
+
+
+def allowed_regions(text: str, category: str) -> list[tuple[int, int]]:
+    """Independent description of where each category may edit `text`."""
+    spans = perturb.numeric_spans(text)
+    if category in ("magnitude", "period"):
+        return spans
+    if category == "polarity":
+        words = [
+            m.span()
+            for m in _DIRECTION_WORD_RE.finditer(text)
+            if m.group().lower() in perturb.DIRECTION_WORDS
+            and any(max(s - m.end(), m.start() - e) <= 50 for s, e in spans)
+        ]
+        return words + [(max(0, s - 1), e) for s, e in spans]
+    if category == "unit":
+        return [m.span() for m in re.finditer(r"(?<=\d)\s?(?:[A-Za-z]+(?:\s+points?)?|%)", text)]
+    symbol = r"(?:[$\u20ac\u00a3\u00a5]|(?<![A-Za-z])[A-Z]{3}(?![A-Za-z]))"
+    return [m.span(1) for m in re.finditer(rf"({symbol})\s?\d", text)] + [
+        m.span(1) for m in re.finditer(rf"\d(?:\s?[A-Za-z]+)?\s?({symbol})", text)
+    ]
+
+
+def check_perturbation(text: str, category: str, seed: int) -> None:
+    new = perturb.perturb(text, category, seed=seed)
+    if new is None:
+        return
+    assert new != text
+    assert 1 <= perturb.edit_distance(text, new) <= 30
+    regions = allowed_regions(text, category)
+    assert any(changes_only(text, new, start, end) for start, end in regions), (text, new)
+    assert new == perturb.perturb(text, category, seed=seed)
+
+
+SNIPPETS = (
+    "revenue increased",
+    "net loss",
+    "Gross margin declined",
+    "was up",
+    "fell",
+    "in fiscal",
+    "in FY",
+    "Q2",
+    "compared to",
+    "of",
+    "basis points",
+    "bps",
+    "percent",
+    "million",
+    "Billion",
+    "thousand",
+    "USD",
+    "EUR",
+    "$",
+    "\u20ac",
+    "%",
+    "+",
+    "-",
+    "\u2212",
+    "(",
+    ")",
+    ".",
+    ",",
+    "higher",
+    "below",
+    "surplus",
+)
+numbers = st.one_of(
+    st.integers(0, 10**7).map(lambda n: f"{n:,}"),
+    st.integers(0, 10**7).map(str),
+    st.integers(1900, 2099).map(str),
+    st.decimals(min_value=0, max_value=10**5, places=2, allow_nan=False).map(str),
+)
+financial_text = st.lists(st.one_of(st.sampled_from(SNIPPETS), numbers), max_size=30).flatmap(
+    lambda parts: st.sampled_from([" ", ""]).map(lambda sep: sep.join(parts))
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(financial_text, st.sampled_from(perturb.CATEGORIES), st.integers(0, 2**32))
+def test_properties_on_financial_text(text, category, seed):
+    check_perturbation(text, category, seed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(perturb.CATEGORIES), st.integers(0, 2**32))
+def test_properties_on_arbitrary_text(text, category, seed):
+    check_perturbation(text, category, seed)
+
+
+@settings(max_examples=150, deadline=None)
+@given(financial_text, st.integers(0, 2**32))
+def test_perturb_any_matches_its_category(text, seed):
+    result = perturb.perturb_any(text, seed=seed)
+    if result is not None:
+        category, new = result
+        assert category in perturb.CATEGORIES
+        assert new == perturb.perturb_all(text, seed=seed)[category]
+        assert any(changes_only(text, new, s, e) for s, e in allowed_regions(text, category))

@@ -1,0 +1,151 @@
+"""Tests for caliber_jax.prepare: outputs, eval-doc exclusion, per-passage determinism, the CLI."""
+
+import json
+import subprocess
+from pathlib import Path
+import sys
+
+import pytest
+
+from caliber_jax import prepare as prepare_lib
+from caliber_jax.data import corpus, numgap, perturb
+
+TOPIC_TEXT = {
+    "alpha": "Revenue increased {n}2.4% to ${n},400 million in fiscal 201{n}, driven by pricing.",
+    "beta": "Pension deficit narrowed to EUR {n}.2 billion in Q3 201{n} as rates rose {n}5 bps.",
+    "gamma": "Lease costs were flat, and the company added new office space in {n} cities.",
+    "delta": "Tax expense fell to ${n}15 million in 201{n}, compared with ${n},020 million before.",
+}
+
+
+def write_corpus(path, names):
+    rows = []
+    for number, name in enumerate(names):
+        paragraphs = [
+            f"Section {index} of {name}. " + TOPIC_TEXT[name].format(n=index + 1) * 3
+            for index in range(6)
+        ]
+        rows.append(
+            {
+                "doc_name": name,
+                "company": name.upper(),
+                "financebench_eval_doc": name == "gamma",
+                "text": "\n\n".join(paragraphs) + f"\f{number + 1}\n",
+            }
+        )
+    corpus.save_jsonl(path, rows)
+    return path
+
+
+def test_prepare_writes_passages_numgap_and_stats(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    stats = prepare_lib.prepare(
+        source,
+        tmp_path / "out",
+        seed=0,
+        build_numgap=True,
+        quotas_test={"magnitude": 4, "unit": 2},
+        quotas_dev={"polarity": 2},
+        bm25_k=5,
+    )
+    passages = corpus.load_jsonl(tmp_path / "out" / "passages.jsonl")
+    assert {passage["doc_name"] for passage in passages} == {"alpha", "beta", "delta"}
+    assert len(passages) == stats["passages"] == 18
+    for passage in passages:
+        assert set(passage) >= {"id", "text", "doc_name", "company", "category", "perturbed"}
+        if passage["category"] is None:
+            assert passage["perturbed"] is None
+        else:
+            assert 1 <= perturb.edit_distance(passage["text"], passage["perturbed"]) <= 30
+    chosen = [passage["category"] for passage in passages if passage["category"]]
+    assert stats["perturbable"] == len(chosen) == 18
+    assert stats["chosen"] == {c: chosen.count(c) for c in perturb.CATEGORIES}
+    assert all(stats["admits"][c] >= stats["chosen"][c] for c in perturb.CATEGORIES)
+    assert stats["numgap"] == {
+        "test": {"magnitude": 4, "polarity": 0, "period": 0, "unit": 2, "currency": 0},
+        "dev": {"magnitude": 0, "polarity": 2, "period": 0, "unit": 0, "currency": 0},
+    }
+    assert len(numgap.load_numgap(tmp_path / "out" / "numgap_test.jsonl")) == 6
+    assert json.loads((tmp_path / "out" / "stats.json").read_text()) == stats
+
+
+def test_perturbation_depends_only_on_seed_and_passage_id(tmp_path):
+    small = prepare_lib.prepare(write_corpus(tmp_path / "a.jsonl", ["alpha"]), tmp_path / "a")
+    large = prepare_lib.prepare(
+        write_corpus(tmp_path / "b.jsonl", ["delta", "alpha", "beta"]), tmp_path / "b"
+    )
+    assert small["passages"] < large["passages"]
+    by_id = {row["id"]: row for row in corpus.load_jsonl(tmp_path / "b" / "passages.jsonl")}
+    for row in corpus.load_jsonl(tmp_path / "a" / "passages.jsonl"):
+        assert by_id[row["id"]] == row
+    reseeded = prepare_lib.prepare(
+        write_corpus(tmp_path / "c.jsonl", ["alpha"]), tmp_path / "c", seed=1
+    )
+    assert reseeded["passages"] == small["passages"]
+    rows_a = corpus.load_jsonl(tmp_path / "a" / "passages.jsonl")
+    rows_c = corpus.load_jsonl(tmp_path / "c" / "passages.jsonl")
+    assert [row["perturbed"] for row in rows_a] != [row["perturbed"] for row in rows_c]
+
+
+def test_categories_restrict_the_passage_perturbations(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta"])
+    stats = prepare_lib.prepare(source, tmp_path / "out", categories=["unit"])
+    rows = corpus.load_jsonl(tmp_path / "out" / "passages.jsonl")
+    assert {row["category"] for row in rows} == {"unit"}
+    assert stats["chosen"]["unit"] == stats["admits"]["unit"] == len(rows) == 12
+    assert sum(stats["admits"].values()) == 12
+
+
+def test_include_eval_docs(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["gamma"])
+    assert prepare_lib.prepare(source, tmp_path / "x")["passages"] == 0
+    assert prepare_lib.prepare(source, tmp_path / "y", include_eval_docs=True)["passages"] == 6
+
+
+def test_cli_reads_the_config_and_holds_out_whole_documents(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl.gz", ["alpha", "beta", "delta"])
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "caliber_jax.prepare",
+            f"--config={repo / 'configs' / 'demo.py'}",
+            f"--config.prepare.input={source}",
+            f"--config.data.dir={tmp_path / 'out'}",
+            "--config.prepare.heldout_fraction=0.34",
+            "--config.prepare.max_passages=0",
+            "--config.prepare.max_val_passages=0",
+            "--config.prepare.numgap_quotas_test={'magnitude': 2}",
+            "--config.prepare.numgap_quotas_dev={'polarity': 1}",
+            "--config.prepare.bm25_k=3",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=repo,
+    )
+    assert result.returncode == 0, result.stderr
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert json.loads(result.stdout) == stats
+    assert stats["passages"] == 18 and len(stats["heldout_documents"]) == 1
+    train = corpus.load_jsonl(tmp_path / "out" / "train.jsonl")
+    val = corpus.load_jsonl(tmp_path / "out" / "val.jsonl")
+    heldout = set(stats["heldout_documents"])
+    assert {row["doc_name"] for row in val} == heldout
+    assert not heldout & {row["doc_name"] for row in train}
+    assert len(train) + len(val) == 18
+    # NumGap anchors and distractors come only from held-out documents.
+    val_texts = {row["text"] for row in val}
+    for name in ("numgap_dev.jsonl", "numgap_test.jsonl"):
+        for record in corpus.load_jsonl(tmp_path / "out" / name):
+            assert record["anchor"] in val_texts and record["distractor"] in val_texts
+
+
+def test_heldout_documents_is_seeded_and_order_free():
+    names = [f"doc{i}" for i in range(20)]
+    chosen = prepare_lib.heldout_documents(names, fraction=0.2, seed=3)
+    assert len(chosen) == 4
+    assert chosen == prepare_lib.heldout_documents(names[::-1], fraction=0.2, seed=3)
+    assert chosen != prepare_lib.heldout_documents(names, fraction=0.2, seed=4)
+    assert prepare_lib.heldout_documents(names[:1], fraction=0.5, seed=0) == set()

@@ -1,0 +1,154 @@
+"""The training entry point, run as users run it: overrides, crash + resume, non-finite stop."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax import checkpoint, prepare
+from caliber_jax.data import pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "--config.model.num_layers=1",
+    "--config.data.max_length=48",
+    "--config.batch_size=8",
+    "--config.total_steps=6",
+    "--config.checkpoint_every=2",
+    "--config.eval_every=3",
+    "--config.log_every=1",
+    "--config.optim.lr=1e-3",
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, minilm_dir):
+    """Prepared demo-sample passages and real all-MiniLM-L6-v2 teacher vectors (small)."""
+    out = tmp_path_factory.mktemp("data")
+    prepare.prepare(
+        REPO / "data" / "sample" / "filings.jsonl.gz",
+        out,
+        seed=0,
+        heldout_fraction=0.34,
+        max_train_passages=64,
+        max_val_passages=16,
+    )
+    result = run_module("caliber_jax.embed_teacher", f"--config.data.dir={out}",
+                        "--config.teacher.max_length=48")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def run_module(module, *args, wait=True):
+    command = [sys.executable, "-m", module, f"--config={REPO / 'configs' / 'demo.py'}", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not wait:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+
+
+def train(data_dir, workdir, *extra, wait=True):
+    return run_module(
+        "caliber_jax.train", f"--config.data.dir={data_dir}", f"--workdir={workdir}", *TINY, *extra,
+        wait=wait,
+    )  # fmt: skip
+
+
+def test_overrides_reach_the_config_and_typos_fail(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "run", "--config.loss.lam=0.25", "--config.total_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert written["loss"]["lam"] == 0.25 and written["total_steps"] == 2
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 2 and np.isfinite(summary["train/loss"])
+    for key in ("align_x", "align_px", "num", "delta_s", "delta_t", "lr", "grad_norm",
+                "seq_per_s", "tokens_per_s"):  # fmt: skip
+        assert f"train/{key}" in summary
+    typo = train(data_dir, tmp_path / "typo", "--config.loss.lamda=1")
+    assert typo.returncode != 0 and "lamda" in typo.stderr
+
+
+def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
+    straight = train(data_dir, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    workdir = tmp_path / "killed"
+    proc = train(data_dir, workdir, wait=False)
+    wait_for(lambda: (workdir / "checkpoints" / "2").is_dir(), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 6
+    resumed = train(data_dir, workdir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+
+    a, step_a = checkpoint.restore_params(tmp_path / "straight" / "checkpoints")
+    b, step_b = checkpoint.restore_params(workdir / "checkpoints")
+    assert step_a == step_b == 6
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    assert flat_a.keys() == flat_b.keys()
+    for name in flat_a:
+        np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
+
+
+def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
+    workdir = tmp_path / "term"
+    proc = train(data_dir, workdir, "--config.total_steps=400", "--config.checkpoint_every=100",
+                 wait=False)  # fmt: skip
+    wait_for(lambda: any(workdir.glob("tensorboard/events*")), proc)
+    time.sleep(2)  # a few steps in
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps and 0 < max(steps) < 400
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "nan", "--config.optim.lr=1e30",
+                   "--config.optim.clip_norm=0", "--config.checkpoint_every=1")  # fmt: skip
+    assert result.returncode != 0
+    assert "non-finite" in result.stderr
+    steps = [int(p.name) for p in (tmp_path / "nan" / "checkpoints").iterdir() if p.name.isdigit()]
+    if steps:  # every checkpoint left behind holds finite params
+        params, _ = checkpoint.restore_params(tmp_path / "nan" / "checkpoints")
+        assert all(np.isfinite(v).all() for v in _flatten(params).values())
+
+
+def test_prepared_splits_load_with_their_teacher_stores(data_dir):
+    texts, perturbed = pipeline.load_passages(data_dir / "train.jsonl")
+    assert len(texts) == 64 and any(perturbed)
+    source = pipeline.TrainSource(
+        data_dir / "train.jsonl",
+        teacher_x_path=data_dir / "teacher_train" / "x",
+        teacher_px_path=data_dir / "teacher_train" / "px",
+        dim=384,
+    )
+    row = source[0]
+    assert row["teacher_x"].shape == (384,)
+    np.testing.assert_allclose(np.linalg.norm(row["teacher_x"]), 1.0, atol=1e-5)
+
+
+def wait_for(predicate, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def _flatten(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = np.asarray(value)
+    return out
