@@ -57,7 +57,9 @@ def make_workdir(tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, m
     )  # fmt: skip
     state = step.init_state(nnx.to_pure_dict(params), optimizer, seed=seed)
     data_iter = iter(grain.MapDataset.range(4).to_iter_dataset())
-    with checkpoint.make_manager(workdir / "checkpoints", max_to_keep=1, save_interval_steps=1) as m:
+    with checkpoint.make_manager(
+        workdir / "checkpoints", max_to_keep=1, save_interval_steps=1
+    ) as m:
         checkpoint.save(m, 7, state, data_iter, force=True)
     return workdir, spec, flat
 

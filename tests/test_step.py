@@ -65,9 +65,9 @@ def run_steps(devices, batches, *, lam=0.5):
     schedule = optim.make_schedule(lr=1e-3, total_steps=100, warmup_frac=0.0, schedule="constant")
     abstract = jax.eval_shape(lambda p: step.init_state(p, optimizer, seed=0), params)
     shardings = sharding.param_shardings(mesh, abstract)
-    state = jax.jit(
-        lambda p: step.init_state(p, optimizer, seed=0), out_shardings=shardings
-    )(params)
+    state = jax.jit(lambda p: step.init_state(p, optimizer, seed=0), out_shardings=shardings)(
+        params
+    )
     train = jax.jit(
         functools.partial(
             step.train_step, graphdef=graphdef, optimizer=optimizer, schedule=schedule,

@@ -38,7 +38,7 @@ def test_appends_endoftext_and_special_ids(qwen_tokenizer_dir):
 
 
 def test_query_format():
-    assert tokenization.format_query("What was revenue?", "Given a question, retrieve passages") == (
-        "Instruct: Given a question, retrieve passages\nQuery:What was revenue?"
-    )
+    assert tokenization.format_query(
+        "What was revenue?", "Given a question, retrieve passages"
+    ) == ("Instruct: Given a question, retrieve passages\nQuery:What was revenue?")
     assert tokenization.format_query("doc text", None) == "doc text"

@@ -45,7 +45,9 @@ def test_first_layers_match_transformers_truncated_model(minilm_dir, filing_pass
     ours = Embedder.from_pretrained(minilm_dir, num_layers=3)
     model = transformers.BertModel.from_pretrained(minilm_dir, num_hidden_layers=3).eval()
     texts = filing_passages[:8]
-    batch = ours.tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    batch = ours.tokenizer(
+        texts, padding=True, truncation=True, max_length=256, return_tensors="pt"
+    )
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
     mask = batch["attention_mask"][..., None].float()
@@ -65,7 +67,10 @@ def test_legacy_gamma_beta_names_load(minilm_dir, tmp_path, filing_passages):
 
     tensors = load_file(minilm_dir / "model.safetensors")
     renamed = {
-        "bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        "bert."
+        + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): v
         for k, v in tensors.items()
     }
     save_file(renamed, tmp_path / "model.safetensors")
@@ -80,6 +85,8 @@ def test_legacy_gamma_beta_names_load(minilm_dir, tmp_path, filing_passages):
 
 def test_unsupported_config_field_is_named(minilm_dir, tmp_path):
     config = json.loads((minilm_dir / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "position_embedding_type": "relative_key"})
+    )
     with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
         Embedder.from_pretrained(tmp_path)

@@ -156,10 +156,14 @@ def test_mismatched_tensor_is_named(tiny_dir, tmp_path):
     path, _ = tiny_dir
 
     def shrink(tensors):
-        tensors["layers.0.self_attn.k_norm.weight"] = tensors["layers.0.self_attn.k_norm.weight"][:-1]
+        tensors["layers.0.self_attn.k_norm.weight"] = tensors["layers.0.self_attn.k_norm.weight"][
+            :-1
+        ]
 
     _rewrite(path, tmp_path / "m", shrink)
-    with pytest.raises(ValueError, match=r"'layers\.0\.self_attn\.k_norm\.weight' has shape \(23,\)"):
+    with pytest.raises(
+        ValueError, match=r"'layers\.0\.self_attn\.k_norm\.weight' has shape \(23,\)"
+    ):
         Embedder.from_pretrained(tmp_path / "m")
 
 
