@@ -1,0 +1,318 @@
+"""Entry point: evaluate one model directory (or BM25) and write results JSON + a Markdown table.
+
+    python -m caliber_jax.evaluate --model runs/caliber/hf --output runs/caliber/results.json \\
+        --tasks financebench,numgap,mrl --financebench financebench_open_source.jsonl.gz \\
+        --numgap numgap_test.jsonl --query_prompt "Given a financial question, ..."
+    python -m caliber_jax.evaluate --model bm25 --output bm25.json --financebench FILE
+
+Results: {"financebench": {8 metrics}, "numgap": {"overall": {"D", "M", "n"}, category: ...},
+"mrl": {"dim_<k>" | "int8" | "binary": {8 metrics}}, "asymmetric": {8 metrics}, "bm25": {8 metrics},
+"model": DIR, "label": NAME, "settings": {...}}, with only the tasks that were run. `results.md`
+(the output path with suffix .md) holds the same as tables. The core is `run_evaluation`.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from caliber_jax.eval import EncodeFn, asymmetric, mrl, numgap, retrieval
+
+BM25 = "bm25"
+RETRIEVAL_METRICS = tuple(
+    f"{name}_at_{k}" for name in ("ndcg", "recall", "mrr", "map") for k in (10, 100)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalInputs:
+    """Data and settings the tasks read; a task fails when what it needs is None.
+
+    Attributes:
+      financebench: (queries, corpus, qrels) of `retrieval.load_financebench`.
+      numgap: NumGap records of `numgap.load_numgap`.
+      query_prompt: instruction for retrieval queries (`Instruct: {prompt}\\nQuery:{query}`).
+      teacher_encode_fn: the teacher, encoding documents for the asymmetric task.
+      mrl_dims: truncation dims of the MRL study.
+    """
+
+    financebench: tuple[dict, dict, dict] | None = None
+    numgap: list[dict[str, str]] | None = None
+    query_prompt: str | None = None
+    teacher_encode_fn: EncodeFn | None = None
+    mrl_dims: tuple[int, ...] = mrl.DIMS
+
+
+def _need(value, what: str, task: str):
+    if value is None:
+        raise ValueError(f"task {task!r} needs {what}")
+    return value
+
+
+def _financebench(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
+    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "financebench")
+    if encode_fn is None:  # the BM25 model
+        return _bm25(None, inputs)
+    return retrieval.evaluate(
+        encode_fn, queries=queries, corpus=corpus, qrels=qrels, query_prompt=inputs.query_prompt
+    )
+
+
+def _bm25(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
+    del encode_fn  # lexical: the model is not used
+    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", BM25)
+    return retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, top_k=100))
+
+
+def _numgap(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    return numgap.evaluate(encode_fn, _need(inputs.numgap, "NumGap records", "numgap"))
+
+
+def _mrl(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "mrl")
+    return mrl.evaluate(
+        encode_fn,
+        queries=queries,
+        corpus=corpus,
+        qrels=qrels,
+        query_prompt=inputs.query_prompt,
+        dims=inputs.mrl_dims,
+    )
+
+
+def _asymmetric(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "asymmetric")
+    teacher = _need(inputs.teacher_encode_fn, "a teacher (--teacher)", "asymmetric")
+    return asymmetric.evaluate(
+        encode_fn,
+        teacher,
+        queries=queries,
+        corpus=corpus,
+        qrels=qrels,
+        query_task=inputs.query_prompt,
+    )
+
+
+# Task name -> fn(encode_fn, inputs) -> results. Tasks run in the order asked for.
+# TODO(#6): add "numfine" (eval/numfine.py) and "embednum" (eval/embednum.py) here, with their
+# inputs in EvalInputs and flags below.
+TASKS: dict[str, Callable[[EncodeFn | None, EvalInputs], dict]] = {
+    "financebench": _financebench,
+    "numgap": _numgap,
+    "mrl": _mrl,
+    "asymmetric": _asymmetric,
+    BM25: _bm25,
+}
+# Tasks that need no encoder, i.e. that the BM25 model can run.
+LEXICAL_TASKS = ("financebench", BM25)
+
+
+def cache_encodings(encode_fn: EncodeFn) -> EncodeFn:
+    """`encode_fn` that encodes each distinct text once (tasks share queries and passages)."""
+    cache: dict[str, np.ndarray] = {}
+
+    def cached_fn(texts: list[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(text for text in texts if text not in cache))
+        if missing:
+            vectors = np.asarray(encode_fn(missing), np.float32)
+            if vectors.shape[0] != len(missing):
+                raise ValueError(
+                    f"encode_fn gave {vectors.shape[0]} vectors for {len(missing)} texts"
+                )
+            cache.update(zip(missing, vectors, strict=True))
+        if not texts:
+            return np.zeros((0, 0), np.float32)
+        return np.stack([cache[text] for text in texts])
+
+    return cached_fn
+
+
+def run_evaluation(
+    encode_fn: EncodeFn | None, tasks: Sequence[str], inputs: EvalInputs
+) -> dict[str, Any]:
+    """Runs `tasks` with one encoder.
+
+    Args:
+      encode_fn: `texts -> [n, D]` unit vectors; None for the BM25 model, whose "financebench"
+        results are BM25's.
+      tasks: names from TASKS.
+      inputs: the data the tasks need.
+
+    Returns:
+      {task: results} in the order of `tasks`.
+    """
+    unknown = [task for task in tasks if task not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown tasks {unknown}; known: {sorted(TASKS)}")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"tasks {list(tasks)} repeat a task")
+    if encode_fn is None and any(task not in LEXICAL_TASKS for task in tasks):
+        raise ValueError(f"the BM25 model runs only {LEXICAL_TASKS}, not {list(tasks)}")
+    if encode_fn is not None:
+        encode_fn = cache_encodings(encode_fn)
+    results = {}
+    for task in tasks:
+        start = time.perf_counter()
+        results[task] = TASKS[task](encode_fn, inputs)
+        print(f"evaluate: {task} took {time.perf_counter() - start:.1f} s")
+    return results
+
+
+def save_results(results: Mapping[str, Any], output: str | os.PathLike) -> tuple[Path, Path]:
+    """Writes `results` to `output` (JSON) and `output` with suffix .md, each atomically.
+
+    Returns:
+      (json path, markdown path).
+    """
+    output = Path(output)
+    label = results.get("label") or output.stem
+    markdown = output.with_suffix(".md")
+    if markdown == output:
+        raise ValueError(f"{output}: the results file must not end in .md")
+    _write_atomic(output, json.dumps(results, indent=2) + "\n")
+    _write_atomic(markdown, format_markdown({label: results}))
+    return output, markdown
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a partial write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as handle:
+        handle.write(text)
+    os.replace(handle.name, path)
+
+
+def _number(value) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def format_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown tables of one or more results dicts, keyed by label (one row per model).
+
+    Sections appear only for tasks present in some run: retrieval (financebench, one BM25 row,
+    asymmetric: student queries against teacher documents), NumGap-D/M per category, and the
+    MRL/quantization variants.
+    """
+    lines = []
+    short = ("nDCG@10", "nDCG@100", "R@10", "R@100", "MRR@10", "MRR@100", "MAP@10", "MAP@100")
+    retrieval_rows = [(label, run, "financebench") for label, run in runs.items()]
+    # BM25 does not depend on the model: one reference row, from the first run that has it.
+    retrieval_rows += [(BM25, run, BM25) for run in runs.values() if BM25 in run][:1]
+    retrieval_rows += [(f"{label} (asymmetric)", run, "asymmetric") for label, run in runs.items()]
+    rows = [
+        [label, *(_number(run[task].get(m)) for m in RETRIEVAL_METRICS)]
+        for label, run, task in retrieval_rows
+        if task in run
+    ]
+    if rows:
+        lines += ["## FinanceBenchRetrieval", "", *_table(("model", *short), rows), ""]
+    categories = list(dict.fromkeys(c for run in runs.values() for c in run.get("numgap", {})))
+    if categories:
+        header = ["model", *(f"{c} D" for c in categories), *(f"{c} M" for c in categories)]
+        rows = [
+            [
+                label,
+                *(_number(run["numgap"].get(c, {}).get("D")) for c in categories),
+                *(_number(run["numgap"].get(c, {}).get("M")) for c in categories),
+            ]
+            for label, run in runs.items()
+            if "numgap" in run
+        ]
+        lines += ["## NumGap (D: higher is better, random 0.5; M: mean s_d - s_p)", ""]
+        lines += [*_table(header, rows), ""]
+    variants = list(dict.fromkeys(v for run in runs.values() for v in run.get("mrl", {})))
+    if variants:
+        rows = [
+            [label, *(_number(run["mrl"].get(v, {}).get("ndcg_at_10")) for v in variants)]
+            for label, run in runs.items()
+            if "mrl" in run
+        ]
+        lines += ["## MRL and quantization, nDCG@10", "", *_table(["model", *variants], rows), ""]
+    return "\n".join(lines)
+
+
+def _define_flags() -> None:
+    """Defined only when run as a script, so that tests can import `evaluate` freely."""
+    flags.DEFINE_string("model", None, f"Model directory, or {BM25!r}.", required=True)
+    flags.DEFINE_string("output", None, "Results JSON path (results.md is written beside).",
+                        required=True)  # fmt: skip
+    flags.DEFINE_list(
+        "tasks",
+        None,
+        f"Tasks, from {sorted(TASKS)} (default: financebench,numgap; BM25: financebench).",
+    )
+    flags.DEFINE_string("financebench", None, "financebench_open_source.jsonl[.gz].")
+    flags.DEFINE_string("numgap", None, "NumGap JSONL (e.g. numgap_test.jsonl).")
+    flags.DEFINE_string("query_prompt", None, "Instruction for retrieval queries (Qwen3 style).")
+    flags.DEFINE_alias("query_task", "query_prompt")
+    flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
+    flags.DEFINE_string("pooling", None, "Model pooling override (mean/last).")
+    flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last).")
+    flags.DEFINE_list("mrl_dims", [str(d) for d in mrl.DIMS], "MRL truncation dims.")
+    flags.DEFINE_integer("batch_size", 32, "Texts per encoder call.")
+    flags.DEFINE_integer("max_length", None, "Token limit (default: the model's, at most 512).")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+    flags.DEFINE_string("label", None, "Row name in tables and plots (default: model dir name).")
+
+
+def _encode_fn(model_dir: str, *, pooling, dtype: str, batch_size: int, max_length) -> EncodeFn:
+    from caliber_jax.embedder import Embedder  # jax and transformers: only for dense models
+
+    embedder = Embedder.from_pretrained(model_dir, pooling=pooling, dtype=dtype)
+    print(f"evaluate: {model_dir}: dim {embedder.dim}, pooling {embedder.spec.pooling}")
+    return embedder.encode_fn(batch_size=batch_size, max_length=max_length)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    values = flags.FLAGS
+    is_bm25 = values.model == BM25
+    settings = {
+        "query_prompt": values.query_prompt,
+        "dtype": values.dtype,
+        "max_length": values.max_length,
+        "pooling": values.pooling,
+        "teacher": values.teacher,
+        "financebench": values.financebench,
+        "numgap": values.numgap,
+    }
+    encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
+    inputs = EvalInputs(
+        financebench=retrieval.load_financebench(values.financebench)
+        if values.financebench
+        else None,
+        numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
+        query_prompt=values.query_prompt,
+        teacher_encode_fn=_encode_fn(values.teacher, pooling=values.teacher_pooling, **encode)
+        if values.teacher
+        else None,
+        mrl_dims=tuple(int(d) for d in values.mrl_dims),
+    )
+    encode_fn = None if is_bm25 else _encode_fn(values.model, pooling=values.pooling, **encode)
+    tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
+    results = run_evaluation(encode_fn, tasks, inputs)
+    label = values.label or (BM25 if is_bm25 else Path(values.model).name)
+    results.update(model=values.model, label=label, settings=settings)
+    json_path, markdown_path = save_results(results, values.output)
+    print(Path(markdown_path).read_text())
+    print(f"evaluate: wrote {json_path} and {markdown_path}")
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,148 @@
+"""Tests for caliber_jax/evaluate.py: run_evaluation with MiniLM, results layout, the BM25 CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax import evaluate
+from caliber_jax.eval import numgap, retrieval
+
+REPO = Path(__file__).resolve().parents[1]
+FINANCEBENCH_SAMPLE = REPO / "data" / "sample" / "financebench_open_source.jsonl.gz"
+METRICS = {f"{m}_at_{k}" for m in ("ndcg", "recall", "mrr", "map") for k in (10, 100)}
+
+
+def _financebench_subset(num_queries):
+    queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH_SAMPLE)
+    kept = list(queries)[:num_queries]
+    doc_ids = sorted({doc for qid in kept for doc in qrels[qid]})
+    return (
+        {qid: queries[qid] for qid in kept},
+        {doc: corpus[doc] for doc in doc_ids},
+        {qid: qrels[qid] for qid in kept},
+    )
+
+
+def _numgap_file(tmp_path, passages):
+    """Four records from real filing paragraphs: one digit changed, the next paragraph distracts."""
+    with_digits = [p for p in passages if any(c.isdigit() for c in p)][:5]
+    records = []
+    for index, (category, anchor) in enumerate(
+        zip(["magnitude", "magnitude", "unit", "unit"], with_digits, strict=False)
+    ):
+        position = next(i for i, c in enumerate(anchor) if c.isdigit())
+        digit = str((int(anchor[position]) + 5) % 10)
+        perturbed = anchor[:position] + digit + anchor[position + 1 :]
+        distractor = with_digits[index + 1]
+        records.append(
+            {
+                "category": category,
+                "anchor": anchor,
+                "perturbed": perturbed,
+                "distractor": distractor,
+            }
+        )
+    path = tmp_path / "numgap_test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_run_evaluation_minilm_layout(minilm_dir, filing_passages, tmp_path):
+    from caliber_jax.embedder import Embedder
+
+    embedder = Embedder.from_pretrained(minilm_dir)
+    calls = []
+
+    def encode_fn(texts):
+        calls.append(list(texts))
+        return embedder.encode(texts, batch_size=16, max_length=128)
+
+    inputs = evaluate.EvalInputs(
+        financebench=_financebench_subset(12),
+        numgap=numgap.load_numgap(_numgap_file(tmp_path, filing_passages)),
+        query_prompt=retrieval.FINANCEBENCH_INSTRUCTION,
+        # The student as its own teacher: asymmetric must then equal symmetric retrieval.
+        teacher_encode_fn=lambda texts: embedder.encode(texts, batch_size=16, max_length=128),
+        mrl_dims=(256, 64),
+    )
+    tasks = ["financebench", "numgap", "mrl", "asymmetric", "bm25"]
+    results = evaluate.run_evaluation(encode_fn, tasks, inputs)
+    assert list(results) == tasks
+    assert set(results["financebench"]) == METRICS
+    assert set(results["numgap"]) == {"overall", "magnitude", "unit"}
+    assert set(results["numgap"]["overall"]) == {"D", "M", "n"}
+    assert results["numgap"]["overall"]["n"] == 4
+    assert list(results["mrl"]) == ["dim_384", "dim_256", "dim_64", "int8", "binary"]
+    assert all(set(metrics) == METRICS for metrics in results["mrl"].values())
+    assert results["mrl"]["dim_384"] == results["financebench"]
+    assert results["asymmetric"] == pytest.approx(results["financebench"], abs=1e-12)
+    assert 0.3 < results["financebench"]["ndcg_at_10"] <= 1.0
+    assert set(results["bm25"]) == METRICS
+    # Encodings are cached across tasks: no text reaches the model twice.
+    encoded = [text for call in calls for text in call]
+    assert len(encoded) == len(set(encoded))
+
+    results.update(model=str(minilm_dir), label="minilm", settings={"max_length": 128})
+    json_path, markdown_path = evaluate.save_results(results, tmp_path / "out" / "results.json")
+    assert markdown_path == tmp_path / "out" / "results.md"
+    saved = json.loads(json_path.read_text())
+    assert set(saved) == {*tasks, "model", "label", "settings"}
+    assert saved["financebench"] == results["financebench"]
+    assert saved["numgap"]["magnitude"]["D"] == results["numgap"]["magnitude"]["D"]
+    markdown = markdown_path.read_text()
+    assert "## FinanceBenchRetrieval" in markdown and "## NumGap" in markdown
+    row = next(line for line in markdown.splitlines() if line.startswith("| minilm |"))
+    assert f"{results['financebench']['ndcg_at_10']:.4f}" in row
+    assert "| bm25 |" in markdown and "| minilm (asymmetric) |" in markdown
+    assert not list((tmp_path / "out").glob(".results*"))  # no temporary files left behind
+
+
+def test_bm25_model_and_task_errors():
+    inputs = evaluate.EvalInputs(financebench=_financebench_subset(30))
+    results = evaluate.run_evaluation(None, ["financebench"], inputs)
+    queries, corpus, qrels = inputs.financebench
+    expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))
+    assert results == {"financebench": expected}
+    with pytest.raises(ValueError, match="BM25 model runs only"):
+        evaluate.run_evaluation(None, ["numgap"], inputs)
+    with pytest.raises(ValueError, match="unknown tasks"):
+        evaluate.run_evaluation(None, ["nope"], inputs)
+    with pytest.raises(ValueError, match="needs NumGap records"):
+        evaluate.run_evaluation(lambda texts: np.eye(2)[: len(texts)], ["numgap"], inputs)
+    with pytest.raises(ValueError, match=r"needs a teacher"):
+        evaluate.run_evaluation(lambda texts: np.eye(2)[: len(texts)], ["asymmetric"], inputs)
+
+
+def test_cache_encodings_encodes_each_text_once():
+    calls = []
+
+    def encode_fn(texts):
+        calls.append(list(texts))
+        return np.array([[len(t), 1.0] for t in texts], np.float32)
+
+    cached = evaluate.cache_encodings(encode_fn)
+    first = cached(["a", "bb", "a"])
+    second = cached(["bb", "ccc"])
+    assert calls == [["a", "bb"], ["ccc"]]
+    np.testing.assert_array_equal(first, [[1, 1], [2, 1], [1, 1]])
+    np.testing.assert_array_equal(second, [[2, 1], [3, 1]])
+
+
+def test_cli_bm25_writes_json_and_markdown(tmp_path):
+    output = tmp_path / "bm25.json"
+    subprocess.run(
+        [sys.executable, "-m", "caliber_jax.evaluate", "--model=bm25", f"--output={output}",
+         "--tasks=financebench", f"--financebench={FINANCEBENCH_SAMPLE}"],
+        check=True, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    saved = json.loads(output.read_text())
+    assert set(saved) == {"financebench", "model", "label", "settings"}
+    assert saved["model"] == "bm25" and saved["label"] == "bm25"
+    queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH_SAMPLE)
+    expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))
+    assert saved["financebench"] == pytest.approx(expected, abs=1e-12)
+    assert "| bm25 |" in output.with_suffix(".md").read_text()
