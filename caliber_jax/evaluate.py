@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from caliber_jax.eval import EncodeFn, asymmetric, mrl, numgap, retrieval
+from caliber_jax.eval import EncodeFn, asymmetric, embednum, mrl, numfine, numgap, retrieval
 
 BM25 = "bm25"
 RETRIEVAL_METRICS = tuple(
@@ -41,6 +41,9 @@ class EvalInputs:
       query_prompt: instruction for retrieval queries (`Instruct: {prompt}\\nQuery:{query}`).
       teacher_encode_fn: the teacher, encoding documents for the asymmetric task.
       mrl_dims: truncation dims of the MRL study.
+      numfine: NumFinE units of `numfine.load_numfine` (e.g. prepare's numfine_test.jsonl).
+      embednum_per_format: EmbedNum-style items generated per numeric format.
+      nash_fn: NASH `score(texts_a, texts_b)`; when set, numfine/embednum also report NASH.
     """
 
     financebench: tuple[dict, dict, dict] | None = None
@@ -48,6 +51,9 @@ class EvalInputs:
     query_prompt: str | None = None
     teacher_encode_fn: EncodeFn | None = None
     mrl_dims: tuple[int, ...] = mrl.DIMS
+    numfine: list[dict] | None = None
+    embednum_per_format: int = 50
+    nash_fn: Callable[[Sequence[str], Sequence[str]], np.ndarray] | None = None
 
 
 def _need(value, what: str, task: str):
@@ -101,14 +107,24 @@ def _asymmetric(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
 
 
 # Task name -> fn(encode_fn, inputs) -> results. Tasks run in the order asked for.
-# TODO(#6): add "numfine" (eval/numfine.py) and "embednum" (eval/embednum.py) here, with their
-# inputs in EvalInputs and flags below.
+def _numfine(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    units = _need(inputs.numfine, "NumFinE units (--numfine)", "numfine")
+    return numfine.evaluate_scorers(numfine.evaluate, encode_fn, units, inputs.nash_fn)
+
+
+def _embednum(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    items = embednum.build_embednum(seed=0, per_format=inputs.embednum_per_format)
+    return numfine.evaluate_scorers(embednum.evaluate, encode_fn, items, inputs.nash_fn)
+
+
 TASKS: dict[str, Callable[[EncodeFn | None, EvalInputs], dict]] = {
     "financebench": _financebench,
     "numgap": _numgap,
     "mrl": _mrl,
     "asymmetric": _asymmetric,
     BM25: _bm25,
+    "numfine": _numfine,
+    "embednum": _embednum,
 }
 # Tasks that need no encoder, i.e. that the BM25 model can run.
 LEXICAL_TASKS = ("financebench", BM25)
@@ -242,7 +258,28 @@ def format_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
             if "mrl" in run
         ]
         lines += ["## MRL and quantization, nDCG@10", "", *_table(["model", *variants], rows), ""]
+    rows = [
+        [f"{label} ({scorer})", *(_number(v) for v in _numfine_row(result))]
+        for label, run in runs.items()
+        for scorer, result in run.get("numfine", {}).items()
+    ]
+    if rows:
+        header = ["model", "triplet easy", "medium", "hard", "listwise tau_b", "cross-pair"]
+        lines += ["## NumFinE", "", *_table(header, rows), ""]
+    rows = [
+        [f"{label} ({scorer})", _number(result.get("overall"))]
+        for label, run in runs.items()
+        for scorer, result in run.get("embednum", {}).items()
+    ]
+    if rows:
+        lines += ["## EmbedNum-style accuracy", "", *_table(["model", "overall"], rows), ""]
     return "\n".join(lines)
+
+
+def _numfine_row(result: Mapping[str, Any]) -> list[float | None]:
+    triplet = result.get("triplet", {})
+    return [triplet.get("easy"), triplet.get("medium"), triplet.get("hard"),
+            result.get("listwise_tau_b"), result.get("cross_pair")]  # fmt: skip
 
 
 def _define_flags() -> None:
@@ -257,24 +294,50 @@ def _define_flags() -> None:
     )
     flags.DEFINE_string("financebench", None, "financebench_open_source.jsonl[.gz].")
     flags.DEFINE_string("numgap", None, "NumGap JSONL (e.g. numgap_test.jsonl).")
+    flags.DEFINE_string("numfine", None, "NumFinE units JSONL (e.g. numfine_test.jsonl).")
+    flags.DEFINE_integer("embednum_per_format", 50, "EmbedNum-style items per numeric format.")
+    flags.DEFINE_bool("nash", False, "Also score numfine/embednum with NASH (our token vectors).")
     flags.DEFINE_string("query_prompt", None, "Instruction for retrieval queries (Qwen3 style).")
     flags.DEFINE_alias("query_task", "query_prompt")
     flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
     flags.DEFINE_string("pooling", None, "Model pooling override (mean/last).")
     flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last).")
     flags.DEFINE_list("mrl_dims", [str(d) for d in mrl.DIMS], "MRL truncation dims.")
+    flags.DEFINE_integer("num_layers", None, "Evaluate only the model's first N encoder layers.")
     flags.DEFINE_integer("batch_size", 32, "Texts per encoder call.")
     flags.DEFINE_integer("max_length", None, "Token limit (default: the model's, at most 512).")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
     flags.DEFINE_string("label", None, "Row name in tables and plots (default: model dir name).")
 
 
-def _encode_fn(model_dir: str, *, pooling, dtype: str, batch_size: int, max_length) -> EncodeFn:
+def _load(model_dir: str, *, pooling, dtype: str, num_layers=None):
     from caliber_jax.embedder import Embedder  # jax and transformers: only for dense models
 
-    embedder = Embedder.from_pretrained(model_dir, pooling=pooling, dtype=dtype)
+    embedder = Embedder.from_pretrained(
+        model_dir, pooling=pooling, dtype=dtype, num_layers=num_layers
+    )
     print(f"evaluate: {model_dir}: dim {embedder.dim}, pooling {embedder.spec.pooling}")
+    return embedder
+
+
+def _encode_fn(model_dir: str, *, pooling, dtype: str, batch_size: int, max_length) -> EncodeFn:
+    embedder = _load(model_dir, pooling=pooling, dtype=dtype)
     return embedder.encode_fn(batch_size=batch_size, max_length=max_length)
+
+
+def _nash_fn(embedder, units: list[dict] | None):
+    """NASH scorer fitted (IDF, alignment threshold) on the NumFinE anchors, else FinanceBench-free
+    generic financial sentences from the EmbedNum templates."""
+    from caliber_jax.eval import nash
+
+    texts = (
+        [u["anchor"] for u in units]
+        if units
+        else [item["question"] for item in embednum.build_embednum(seed=1, per_format=20)]
+    )
+    scorer = nash.make_scorer(embedder, idf_texts=texts, threshold_texts=texts, seed=0,
+                              num_pairs=2000)  # fmt: skip
+    return scorer.score
 
 
 def main(argv: Sequence[str]) -> None:
@@ -287,11 +350,25 @@ def main(argv: Sequence[str]) -> None:
         "dtype": values.dtype,
         "max_length": values.max_length,
         "pooling": values.pooling,
+        "num_layers": values.num_layers,
         "teacher": values.teacher,
         "financebench": values.financebench,
         "numgap": values.numgap,
     }
     encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
+    embedder = (
+        None
+        if is_bm25
+        else _load(
+            values.model, pooling=values.pooling, dtype=values.dtype, num_layers=values.num_layers
+        )
+    )
+    encode_fn = (
+        None
+        if embedder is None
+        else embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
+    )
+    units = numfine.load_numfine(values.numfine) if values.numfine else None
     inputs = EvalInputs(
         financebench=retrieval.load_financebench(values.financebench)
         if values.financebench
@@ -302,8 +379,10 @@ def main(argv: Sequence[str]) -> None:
         if values.teacher
         else None,
         mrl_dims=tuple(int(d) for d in values.mrl_dims),
+        numfine=units,
+        embednum_per_format=values.embednum_per_format,
+        nash_fn=_nash_fn(embedder, units) if values.nash and embedder is not None else None,
     )
-    encode_fn = None if is_bm25 else _encode_fn(values.model, pooling=values.pooling, **encode)
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
     results = run_evaluation(encode_fn, tasks, inputs)
     label = values.label or (BM25 if is_bm25 else Path(values.model).name)

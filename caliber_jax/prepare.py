@@ -21,6 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from caliber_jax.data import corpus, numgap, perturb
+from caliber_jax.eval import numfine
 
 
 def choose_perturbation(
@@ -50,6 +51,7 @@ def prepare(
     heldout_fraction: float = 0.0,
     max_train_passages: int = 0,
     max_val_passages: int = 0,
+    numfine_items: int = 0,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -59,7 +61,9 @@ def prepare(
 
     `heldout_fraction` of the documents (at least one when > 0 and there are two or more) go to
     `val.jsonl` and are the only source of NumGap; the rest go to `train.jsonl`. The caps
-    (0 = none) keep a seeded sample of each split.
+    (0 = none) keep a seeded sample of each split. `numfine_items` > 0 also writes
+    `numfine_test.jsonl`: NumFinE units (graded variants of one number) from the same held-out
+    documents.
     """
     records = corpus.load_records(input_path, text_field=text_field)
     passages = list(
@@ -135,6 +139,10 @@ def prepare(
             }
             for split, records in splits.items()
         }
+    if numfine_items:
+        units = numfine.build_numfine(val or passages, seed=seed, max_items=numfine_items)
+        corpus.save_jsonl(output_dir / "numfine_test.jsonl", units)
+        stats["numfine_units"] = len(units)
     corpus.save_json(output_dir / "stats.json", stats)
     return stats
 
@@ -177,6 +185,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         heldout_fraction=options.heldout_fraction,
         max_train_passages=options.max_passages,
         max_val_passages=options.max_val_passages,
+        numfine_items=options.numfine_items,
     )
 
 

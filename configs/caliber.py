@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.numgap_quotas_test = {"magnitude": 500, "polarity": 500, "unit": 300}
     config.prepare.numgap_quotas_dev = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
     config.prepare.bm25_k = 10
+    config.prepare.numfine_items = 1000  # NumFinE units from held-out documents; 0 = none
 
     config.teacher = ml_collections.ConfigDict()
     config.teacher.model_dir = "models/Qwen3-Embedding-8B"

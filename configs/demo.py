@@ -23,10 +23,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = caliber.get_config()
     config.prepare.input = "data/sample/filings.jsonl.gz"
     config.prepare.heldout_fraction = 0.34  # one of the three filings
-    config.prepare.max_passages = 800
+    config.prepare.max_passages = 640
     config.prepare.max_val_passages = 96
     config.prepare.numgap_quotas_test = {"magnitude": 60, "polarity": 60, "unit": 40}
     config.prepare.numgap_quotas_dev = {"magnitude": 10, "polarity": 10, "unit": 10}
+    config.prepare.numfine_items = 100
 
     config.teacher.model_dir = minilm_dir()
     config.teacher.dtype = "float32"

@@ -146,3 +146,34 @@ def test_cli_bm25_writes_json_and_markdown(tmp_path):
     expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))
     assert saved["financebench"] == pytest.approx(expected, abs=1e-12)
     assert "| bm25 |" in output.with_suffix(".md").read_text()
+
+
+def test_numfine_and_embednum_tasks_with_and_without_nash():
+    from caliber_jax.eval import numfine as numfine_lib
+
+    sentences = [
+        "Revenue increased 12.4% to $1,234.5 million in fiscal 2021, driven by higher volumes.",
+        "Operating expenses were $845.2 million, compared with $790.1 million a year earlier.",
+        "The company had 15,300 employees at December 31, 2021, up from 14,800.",
+    ]
+    units = numfine_lib.build_numfine(sentences, seed=0, max_items=3)
+    assert units
+
+    def encode_fn(texts):
+        rng = [np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(16) for t in texts]
+        vecs = np.asarray(rng, np.float32)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+    def nash_fn(a, b):  # a toy scorer: negative absolute length difference
+        return -np.abs(np.array([len(x) for x in a]) - np.array([len(y) for y in b])).astype(float)
+
+    inputs = evaluate.EvalInputs(numfine=units, embednum_per_format=2, nash_fn=nash_fn)
+    results = evaluate.run_evaluation(encode_fn, ["numfine", "embednum"], inputs)
+    assert set(results["numfine"]) == {"cosine", "nash"}
+    assert set(results["numfine"]["cosine"]["triplet"]) == {"easy", "medium", "hard"}
+    assert 0.0 <= results["embednum"]["cosine"]["overall"] <= 1.0
+    plain = evaluate.run_evaluation(encode_fn, ["embednum"], evaluate.EvalInputs(embednum_per_format=2))
+    assert set(plain["embednum"]) == {"cosine"}
+    assert plain["embednum"]["cosine"] == results["embednum"]["cosine"]
+    markdown = evaluate.format_markdown({"toy": results})
+    assert "## NumFinE" in markdown and "## EmbedNum-style accuracy" in markdown

@@ -1,0 +1,153 @@
+"""The reproduction study: Initial, Teacher, LEAF and Caliber side by side (+ ablation, seeds).
+
+    python scripts/study.py --preset demo                       # minutes: what launch/demo.sh runs
+    python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz \
+        --ablation --seeds 0,1 --results_md docs/results.md
+
+Every stage is the user-facing CLI (prepare, embed_teacher, train, export, evaluate), run as a
+subprocess with the same config file, so the study is also a test of the commands in the README.
+LEAF and Caliber share the initialisation, seed and data order; only lambda (and margin) differ.
+Writes <output>/study.json (all results + wall-clock times), study.md (tables) and plots.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from caliber_jax import evaluate  # noqa: E402
+from caliber_jax.eval import plots  # noqa: E402
+
+PRESETS = {
+    "demo": {"config": "configs/demo.py", "overrides": []},
+    "full": {"config": "configs/study.py", "overrides": []},
+    # The whole path in about a minute, for the tests.
+    "smoke": {
+        "config": "configs/demo.py",
+        "overrides": [
+            "--config.prepare.max_passages=48",
+            "--config.prepare.max_val_passages=16",
+            "--config.prepare.numfine_items=0",
+            "--config.prepare.numgap_quotas_test={'magnitude': 6, 'polarity': 6}",
+            "--config.prepare.numgap_quotas_dev={'magnitude': 2}",
+            "--config.data.max_length=64",
+            "--config.teacher.max_length=64",
+            "--config.batch_size=8",
+            "--config.total_steps=3",
+        ],
+    },
+}
+TASKS = "financebench,numgap"
+
+
+def run(stage: str, args: list[str], times: dict[str, float]) -> None:
+    """Runs one CLI stage, streaming its output, and records its wall time."""
+    print(f"\n== {stage}: {' '.join(args)}", flush=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *args], cwd=REPO, check=True)
+    times[stage] = round(time.perf_counter() - start, 1)
+
+
+def variants(seeds: list[int], ablation: bool) -> list[tuple[str, float, float, int]]:
+    """(label, lambda, margin, seed) of every trained student, LEAF and Caliber first."""
+    runs = []
+    for seed in seeds:
+        runs += [(f"LEAF s{seed}", 0.0, 0.05, seed), (f"Caliber s{seed}", 0.5, 0.05, seed)]
+    if ablation:
+        for lam, margin in ((1.0, 0.05), (2.0, 0.05), (0.5, 0.1), (1.0, 0.1), (2.0, 0.1)):
+            runs.append((f"lambda={lam:g} m={margin:g} s{seeds[0]}", lam, margin, seeds[0]))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    parser.add_argument("--output", default=None, help="run folder (default runs/<preset>)")
+    parser.add_argument("--filings", default=None, help="corpus file (overrides the config's)")
+    parser.add_argument(
+        "--financebench", default=str(REPO / "data/sample/financebench_open_source.jsonl.gz")
+    )
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--ablation", action="store_true")
+    parser.add_argument("--results_md", default=None, help="also write the tables here")
+    args = parser.parse_args()
+
+    preset = PRESETS[args.preset]
+    out = Path(args.output or f"runs/{args.preset}").resolve()
+    data = out / "data"
+    common = [f"--config={REPO / preset['config']}", f"--config.data.dir={data}"]
+    common += preset["overrides"]
+    if args.filings:
+        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
+    times: dict[str, float] = {}
+    seeds = [int(s) for s in args.seeds.split(",")]
+
+    run("prepare", ["-m", "caliber_jax.prepare", *common], times)
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common], times)
+    config = json.loads((data / "stats.json").read_text())
+    teacher_dir = _config_value(common, "teacher.model_dir")
+
+    models: dict[str, list[str]] = {
+        "Initial": ["--model", teacher_dir, "--num_layers", "3"],
+        "Teacher": ["--model", teacher_dir],
+    }
+    for label, lam, margin, seed in variants(seeds, args.ablation):
+        workdir = out / label.replace(" ", "_").replace("=", "")
+        overrides = [f"--config.loss.lam={lam}", f"--config.loss.margin={margin}",
+                     f"--config.seed={seed}"]  # fmt: skip
+        run(f"train {label}", ["-m", "caliber_jax.train", *common, *overrides,
+                               f"--workdir={workdir}"], times)  # fmt: skip
+        run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                f"--output={workdir / 'hf'}"], times)  # fmt: skip
+        models[label] = ["--model", str(workdir / "hf")]
+
+    results = {}
+    for label, model_args in models.items():
+        path = out / "results" / f"{label.replace(' ', '_').replace('=', '')}.json"
+        run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", *model_args, f"--label={label}",
+                                  f"--tasks={TASKS}", f"--financebench={args.financebench}",
+                                  f"--numgap={data / 'numgap_test.jsonl'}",
+                                  f"--output={path}"], times)  # fmt: skip
+        results[label] = json.loads(path.read_text())
+        for name in ("summary.json",):
+            summary = out / label.replace(" ", "_").replace("=", "") / name
+            if summary.is_file():
+                results[label]["train_summary"] = json.loads(summary.read_text())
+
+    figures = plots.plot_all(results, out / "figures")
+    table = evaluate.format_markdown(results)
+    timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
+    report = (
+        f"{table}\n\n## Wall-clock (s, this machine)\n\n| stage | seconds |\n| --- | --- |\n"
+        f"{timing}\n"
+    )
+    (out / "study.md").write_text(report)
+    (out / "study.json").write_text(
+        json.dumps({"results": results, "times": times, "data": config}, indent=2)
+    )
+    if args.results_md:
+        Path(args.results_md).write_text(report)
+    print("\n" + report)
+    print("figures: " + ", ".join(str(f) for f in figures))
+
+
+def _config_value(common: list[str], field: str) -> str:
+    """Resolves one config field the way the CLIs do (file + overrides)."""
+    code = (
+        "import sys; from absl import flags; from ml_collections import config_flags;"
+        "config_flags.DEFINE_config_file('config'); flags.FLAGS(sys.argv);"
+        f"print(flags.FLAGS.config.{field})"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *common], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+if __name__ == "__main__":
+    main()
