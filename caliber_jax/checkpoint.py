@@ -73,7 +73,7 @@ def restore(
 
 
 def restore_params(directory: str | os.PathLike, *, step: int | None = None) -> tuple[Any, int]:
-    """Only the params of a saved TrainState, as host arrays (for export). Returns (params, step)."""
+    """Only the params of a saved TrainState, as host arrays. Returns (params, step)."""
     with ocp.CheckpointManager(os.fspath(os.path.abspath(directory))) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:

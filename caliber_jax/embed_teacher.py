@@ -20,14 +20,6 @@ from caliber_jax import embedder
 from caliber_jax.data import pipeline, teacher
 from caliber_jax.models import embedding
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_SPLITS = flags.DEFINE_list("splits", ["train", "val"], "Prepared splits to embed (if present).")
-_IMPORT_X = flags.DEFINE_string("import_x", None, ".npy [N, D] teacher vectors of the passages.")
-_IMPORT_PX = flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
-_TEACHER_NAME = flags.DEFINE_string(
-    "teacher_name", "external", "Name recorded for imported vectors."
-)
-
 
 def student_dim(config) -> int:
     spec = embedding.read_spec(
@@ -78,13 +70,13 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
 
 
 def import_split(
-    config, split: str, dim: int, vectors_x: str, vectors_px: str | None
+    config, split: str, dim: int, vectors_x: str, vectors_px: str | None, *, teacher_name: str
 ) -> list[Path]:
     """Stores vectors computed elsewhere (black-box or API teachers) for the split."""
     passages = Path(config.data.dir) / f"{split}.jsonl"
     texts, perturbed = pipeline.load_passages(passages)
     out = Path(config.data.dir) / f"teacher_{split}"
-    metadata = {"teacher": _TEACHER_NAME.value, "pooling": "external", "passages": str(passages)}
+    metadata = {"teacher": teacher_name, "pooling": "external", "passages": str(passages)}
     written = []
     for name, rows, npy in (("x", texts, vectors_x), ("px", perturbed, vectors_px)):
         if npy is None:
@@ -105,14 +97,18 @@ def import_split(
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    config = _CONFIG.value
+    values = flags.FLAGS
+    config = values.config
     if config.multihost:
         jax.distributed.initialize()
     dim = student_dim(config)
-    if _IMPORT_X.value:
-        if len(_SPLITS.value) != 1:
+    if values.import_x:
+        if len(values.splits) != 1:
             raise app.UsageError("--import_x needs exactly one --splits entry")
-        paths = import_split(config, _SPLITS.value[0], dim, _IMPORT_X.value, _IMPORT_PX.value)
+        paths = import_split(
+            config, values.splits[0], dim, values.import_x, values.import_px,
+            teacher_name=values.teacher_name,
+        )  # fmt: skip
     else:
         model = embedder.Embedder.from_pretrained(
             config.teacher.model_dir, pooling=config.teacher.pooling, dtype=config.teacher.dtype
@@ -120,7 +116,7 @@ def main(argv: Sequence[str]) -> None:
         if model.dim < dim:
             raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
         paths = []
-        for split in _SPLITS.value:
+        for split in values.splits:
             if (Path(config.data.dir) / f"{split}.jsonl").exists():
                 paths += embed_split(config, split, model, dim)
     for path in paths:
@@ -128,4 +124,11 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Flags are defined only when run as a script, so tests can import this module.
+    config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+    flags.DEFINE_list("splits", ["train", "val"], "Prepared splits to embed (if present).")
+    flags.DEFINE_string("import_x", None, ".npy [N, D] teacher vectors of the passages.")
+    flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
+    flags.DEFINE_string("teacher_name", "external", "Name recorded for imported vectors.")
+    flags.mark_flag_as_required("config")
     app.run(main)

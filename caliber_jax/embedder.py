@@ -3,8 +3,8 @@
     emb = Embedder.from_pretrained(path, pooling="mean", dtype="float32", num_layers=None)
     vecs = emb.encode(texts, batch_size=32, max_length=512)   # [n, d] float32, L2-normalised
 
-Batches are grouped by length and padded to a few bucket lengths, so real passages are not all padded
-to max_length and jit compiles only a handful of shapes.
+Batches are grouped by length and padded to a few bucket lengths, so real passages are not all
+padded to max_length and jit compiles only a handful of shapes.
 """
 
 import os

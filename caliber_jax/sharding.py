@@ -55,7 +55,7 @@ def param_shardings(mesh: Mesh, params: Any, rules=PARAM_RULES) -> Any:
 
 def _fit(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
     fitted = []
-    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=False):
         size = mesh.shape[axis] if axis is not None else 1
         fitted.append(axis if axis is not None and size > 1 and dim % size == 0 else None)
     return P(*fitted[: len(shape)])

@@ -1,7 +1,7 @@
 """Train state and the pure train / eval steps of the Caliber objective.
 
-`TrainState` is a pytree (step, params, opt_state, rng); params are the float32 pure-dict state of the
-`EmbeddingModel`, merged with its graphdef inside the jitted step. Legend: B batch, T tokens, E dims.
+`TrainState` is a pytree (step, params, opt_state, rng); params are the float32 pure-dict state of
+the `EmbeddingModel`, merged with its graphdef inside the jitted step. Legend: B batch, T tokens.
 """
 
 import functools

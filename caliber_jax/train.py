@@ -2,11 +2,12 @@
 
     python -m caliber_jax.train --config configs/caliber.py --workdir DIR [--config.loss.lam=0 ...]
 
-Reads prepared passages and teacher vectors (see `caliber_jax.prepare`, `caliber_jax.embed_teacher`),
+Reads prepared passages and teacher vectors (`caliber_jax.prepare`, `caliber_jax.embed_teacher`),
 trains the student with the jit-compiled, data-parallel step of `caliber_jax.step`, logs to
 TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
+import functools
 import json
 import signal
 import time
@@ -126,7 +127,7 @@ def check_finite(metrics: dict[str, float], step_num: int) -> None:
 def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
     """Validation loss components over one pass of the held-out split."""
     totals: dict[str, float] = {}
-    for batch in loader_factory():
+    for batch in iter(loader_factory()):
         sums = jax.device_get(eval_fn(params, sharding.to_global(batch, mesh)))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
@@ -231,9 +232,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     val_factory = None
     if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
         val_source = make_source(config, "val", dim)
-        val_factory = lambda: iter(
-            make_loader(config, val_source, tokenize_fn, pad_id=pad_id, train=False)
-        )  # noqa: E731
+        val_factory = functools.partial(
+            make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False
+        )
 
     writer = SummaryWriter(str(workdir / "tensorboard")) if jax.process_index() == 0 else None
     sigterm = SigtermFlag()

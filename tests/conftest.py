@@ -44,7 +44,7 @@ def filing_passages() -> list[str]:
     """Real paragraphs (100-1500 chars) from the first three shared SEC filings."""
     passages = []
     with gzip.open(FINANCEBENCH / "filings.jsonl.gz", "rt", encoding="utf-8") as handle:
-        for _, line in zip(range(3), handle):
+        for _, line in zip(range(3), handle, strict=False):
             text = json.loads(line)["text"]
             paragraphs = [p.strip() for p in text.split("\n\n")]
             passages += [p for p in paragraphs if 100 <= len(p) <= 1500][:40]

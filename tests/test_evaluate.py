@@ -172,7 +172,9 @@ def test_numfine_and_embednum_tasks_with_and_without_nash():
     assert set(results["numfine"]) == {"cosine", "nash"}
     assert set(results["numfine"]["cosine"]["triplet"]) == {"easy", "medium", "hard"}
     assert 0.0 <= results["embednum"]["cosine"]["overall"] <= 1.0
-    plain = evaluate.run_evaluation(encode_fn, ["embednum"], evaluate.EvalInputs(embednum_per_format=2))
+    plain = evaluate.run_evaluation(
+        encode_fn, ["embednum"], evaluate.EvalInputs(embednum_per_format=2)
+    )
     assert set(plain["embednum"]) == {"cosine"}
     assert plain["embednum"]["cosine"] == results["embednum"]["cosine"]
     markdown = evaluate.format_markdown({"toy": results})

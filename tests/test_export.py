@@ -16,7 +16,6 @@ from sentence_transformers import SentenceTransformer
 from caliber_jax import Embedder, checkpoint, optim, step
 from caliber_jax.export import export
 from caliber_jax.models import embedding
-
 from tests.models.test_qwen3 import make_hf_qwen3
 
 TEXTS = [

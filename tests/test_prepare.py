@@ -2,10 +2,8 @@
 
 import json
 import subprocess
-from pathlib import Path
 import sys
-
-import pytest
+from pathlib import Path
 
 from caliber_jax import prepare as prepare_lib
 from caliber_jax.data import corpus, numgap, perturb

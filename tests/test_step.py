@@ -89,9 +89,9 @@ def test_eight_devices_equal_one_device():
     batches = [make_batch(s) for s in range(3)]
     one, hist_one = run_steps(jax.devices()[:1], batches)
     eight, hist_eight = run_steps(jax.devices(), batches)
-    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight)):
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(eight), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    for m1, m8 in zip(hist_one, hist_eight):
+    for m1, m8 in zip(hist_one, hist_eight, strict=True):
         np.testing.assert_allclose(m1["train/loss"], m8["train/loss"], rtol=1e-5)
 
 
@@ -119,7 +119,10 @@ def test_lambda_zero_step_ignores_hinge():
     leaf_a, _ = run_steps(jax.devices()[:1], [batch], lam=0.0)
     cal_a, _ = run_steps(jax.devices()[:1], [batch], lam=0.5)
     # The hinge changes the step when lam > 0 ...
-    diffs = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(leaf_a), jax.tree.leaves(cal_a))]
+    diffs = [
+        np.abs(a - b).max()
+        for a, b in zip(jax.tree.leaves(leaf_a), jax.tree.leaves(cal_a), strict=True)
+    ]
     assert max(diffs) > 0
     # ... and the loss reported with lam = 0 is exactly mean(La(x) + 1[pi] La(pi x)).
     _, hist = run_steps(jax.devices()[:1], [flipped], lam=0.0)

@@ -1,4 +1,4 @@
-"""BERT-family encoder (BERT, MiniLM as in all-MiniLM-L6-v2), mirroring HF `BertModel` without pooler.
+"""BERT-family encoder (BERT, MiniLM as in all-MiniLM-L6-v2), mirroring HF `BertModel` (no pooler).
 
 Legend: B batch, T tokens, D model width, N heads, H head dim, F MLP width.
 Post-LayerNorm blocks with exact (erf) GELU and learned absolute positions.

@@ -133,7 +133,7 @@ def abstract_model(spec: ModelSpec, *, dtype: jnp.dtype, remat: bool = False) ->
 def load_flat_params(
     model_dir: str | Path, spec: ModelSpec, *, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Flat float32 params (`encoder.*`, `dense.*`) read from a HF / sentence-transformers directory.
+    """Flat float32 params (`encoder.*`, `dense.*`) from a HF / sentence-transformers directory.
 
     A W_out that the directory does not hold is initialised (Xavier uniform, zero bias) from `seed`.
     """

@@ -150,7 +150,7 @@ def _canonical(name: str, prefix: str) -> str:
 def hf_to_flat(
     tensors: dict[str, np.ndarray], family: str, config: Any, *, source: str = "checkpoint"
 ) -> dict[str, np.ndarray]:
-    """HF tensors -> flat `{our.path: float32 array}` for the first `config.num_hidden_layers` layers.
+    """HF tensors -> flat `{our.path: float32 array}` for the first `num_hidden_layers` layers.
 
     Raises ValueError naming the tensor when one is missing or has the wrong shape.
     """

@@ -49,7 +49,7 @@ def positions_from_mask(attention_mask_bt: jax.Array) -> jax.Array:
 
 
 def rope_cos_sin(positions_bt: jax.Array, *, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
-    """HF default RoPE tables: `cos`, `sin` of shape [B, T, H] (the half-frequencies repeated twice)."""
+    """HF default RoPE tables: `cos`, `sin` of shape [B, T, H] (half-frequencies repeated twice)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     freqs = positions_bt.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([freqs, freqs], axis=-1)
@@ -93,7 +93,7 @@ def mean_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
 
 
 def last_token_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
-    """Hidden state of the last non-pad token (Qwen3-Embedding's default), for left or right padding."""
+    """Hidden state of the last non-pad token (Qwen3-Embedding's default), any padding side."""
     mask = attention_mask_bt.astype(jnp.int32)
     positions = jnp.arange(mask.shape[1], dtype=jnp.int32)
     last = jnp.max(jnp.where(mask > 0, positions, 0), axis=1)

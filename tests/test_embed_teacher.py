@@ -1,0 +1,47 @@
+"""Teacher vectors from vectors computed elsewhere (.npy import) through the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from caliber_jax.data import corpus, teacher
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_import_npy_through_the_cli(tmp_path):
+    rows = [
+        {"id": "a:0", "text": "Revenue rose 5% to $10 million.", "perturbed": "Revenue rose 50% to $10 million."},
+        {"id": "a:1", "text": "The board met twice.", "perturbed": None},
+        {"id": "a:2", "text": "Net loss was $3.2 billion in 2020.", "perturbed": "Net loss was $3.2 billion in 2021."},
+    ]  # fmt: skip
+    corpus.save_jsonl(tmp_path / "train.jsonl", rows)
+    rng = np.random.default_rng(0)
+    x, px = rng.standard_normal((2, 3, 512)).astype(np.float32)
+    px[1] = 0.0  # no perturbation: the row must stay zero
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "px.npy", px)
+    command = [
+        sys.executable, "-m", "caliber_jax.embed_teacher", f"--config={REPO / 'configs/demo.py'}",
+        f"--config.data.dir={tmp_path}", "--splits=train", f"--import_x={tmp_path / 'x.npy'}",
+        f"--import_px={tmp_path / 'px.npy'}", "--teacher_name=api-teacher",
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    stored = teacher.open_reader(tmp_path / "teacher_train" / "x", expect_rows=3, expect_dim=384)
+    expected = x[:, :384] / np.linalg.norm(x[:, :384], axis=1, keepdims=True)  # MRL to the student
+    np.testing.assert_allclose(stored[np.arange(3)], expected, atol=1e-6)
+    stored_px = teacher.open_reader(tmp_path / "teacher_train" / "px", expect_rows=3, expect_dim=384)
+    assert not stored_px[np.array([1])].any()
+    meta = json.loads((tmp_path / "teacher_train" / "x" / "metadata.json").read_text())
+    assert meta["teacher"] == "api-teacher" and meta["native_dim"] == 512
+
+    np.save(tmp_path / "short.npy", x[:2])
+    bad = subprocess.run(
+        [*command[:-3], f"--import_x={tmp_path / 'short.npy'}"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "short.npy" in bad.stderr
