@@ -13,11 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_npy_through_the_cli(tmp_path):
-    rows = [
-        {"id": "a:0", "text": "Revenue rose 5% to $10 million.", "perturbed": "Revenue rose 50% to $10 million."},
-        {"id": "a:1", "text": "The board met twice.", "perturbed": None},
-        {"id": "a:2", "text": "Net loss was $3.2 billion in 2020.", "perturbed": "Net loss was $3.2 billion in 2021."},
-    ]  # fmt: skip
+    pairs = [
+        ("Revenue rose 5% to $10 million.", "Revenue rose 50% to $10 million."),
+        ("The board met twice.", None),
+        ("Net loss was $3.2 billion in 2020.", "Net loss was $3.2 billion in 2021."),
+    ]
+    rows = [{"id": f"a:{i}", "text": t, "perturbed": p} for i, (t, p) in enumerate(pairs)]
     corpus.save_jsonl(tmp_path / "train.jsonl", rows)
     rng = np.random.default_rng(0)
     x, px = rng.standard_normal((2, 3, 512)).astype(np.float32)
