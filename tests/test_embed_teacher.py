@@ -35,7 +35,9 @@ def test_import_npy_through_the_cli(tmp_path):
     stored = teacher.open_reader(tmp_path / "teacher_train" / "x", expect_rows=3, expect_dim=384)
     expected = x[:, :384] / np.linalg.norm(x[:, :384], axis=1, keepdims=True)  # MRL to the student
     np.testing.assert_allclose(stored[np.arange(3)], expected, atol=1e-6)
-    stored_px = teacher.open_reader(tmp_path / "teacher_train" / "px", expect_rows=3, expect_dim=384)
+    stored_px = teacher.open_reader(
+        tmp_path / "teacher_train" / "px", expect_rows=3, expect_dim=384
+    )
     assert not stored_px[np.array([1])].any()
     meta = json.loads((tmp_path / "teacher_train" / "x" / "metadata.json").read_text())
     assert meta["teacher"] == "api-teacher" and meta["native_dim"] == 512
