@@ -323,11 +323,13 @@ def save_json(path: str | os.PathLike, obj: Any) -> None:
     )
 
 
-def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Reads a (.gz) JSONL file of objects; errors name the file and line."""
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (1-based line number, object) of a (.gz) JSONL file, skipping blank lines.
+
+    Malformed JSON, a non-object line or non-UTF-8 bytes raise ValueError naming `path:line`.
+    """
     path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
-    records = []
     with opener(path, "rb") as stream:
         for number, raw in enumerate(stream, start=1):
             line = _decode(raw, path, line_offset=number - 1)
@@ -338,6 +340,12 @@ def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: malformed JSON ({error.msg})") from error
             if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object")
-            records.append(obj)
-    return records
+                raise ValueError(
+                    f"{path}:{number}: expected a JSON object, got {type(obj).__name__}"
+                )
+            yield number, obj
+
+
+def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Reads a (.gz) JSONL file of objects; errors name the file and line."""
+    return [obj for _, obj in iter_jsonl(path)]

@@ -23,7 +23,6 @@ Choices the paper leaves open, fixed here:
 
 import calendar
 import datetime
-import json
 import math
 import random
 import re
@@ -481,24 +480,15 @@ def load_numfine(path: str) -> list[dict[str, Any]]:
       ValueError: "<path>:<line>: ..." for malformed JSON or a unit without anchor / variants.
     """
     items = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON: {error}") from error
-            if not isinstance(item, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            for field in ("id", "category", "anchor", "variants"):
-                if field not in item:
-                    raise ValueError(f"{where}: missing field {field!r}")
-            for variant in item["variants"]:
-                if not isinstance(variant, dict) or not {"text", "deviation"} <= set(variant):
-                    raise ValueError(f"{where}: each variant needs 'text' and 'deviation'")
-            items.append(item)
+    for number, item in corpus.iter_jsonl(path):
+        where = f"{path}:{number}"
+        for field in ("id", "category", "anchor", "variants"):
+            if field not in item:
+                raise ValueError(f"{where}: missing field {field!r}")
+        for variant in item["variants"]:
+            if not isinstance(variant, dict) or not {"text", "deviation"} <= set(variant):
+                raise ValueError(f"{where}: each variant needs 'text' and 'deviation'")
+        items.append(item)
     if not items:
         raise ValueError(f"{path}: no NumFinE units")
     return items

@@ -4,12 +4,12 @@ NumGap-D = mean 1[s_p < s_d] and NumGap-M = mean(s_d - s_p), with s_p = cos(x, p
 s_d = cos(x, x_dist), overall and per perturbation category. No jax.
 """
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from caliber_jax.data import corpus
 from caliber_jax.eval import EncodeFn, encode_texts
 
 FIELDS = ("category", "anchor", "perturbed", "distractor")
@@ -51,22 +51,14 @@ def load_numgap(path: str | Path) -> list[dict[str, str]]:
     `path:line` and the field.
     """
     records = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON: {error}") from error
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            for field in FIELDS:
-                value = record.get(field)
-                if not isinstance(value, str) or not value.strip():
-                    raise ValueError(f"{where}: field {field!r} must be a non-empty string")
-            records.append(record)
+    for line_number, record in corpus.iter_jsonl(path):
+        for field in FIELDS:
+            value = record.get(field)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(
+                    f"{path}:{line_number}: field {field!r} must be a non-empty string"
+                )
+        records.append(record)
     if not records:
         raise ValueError(f"{path}: no records")
     return records

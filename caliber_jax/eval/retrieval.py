@@ -5,8 +5,6 @@ nDCG@k, Recall@k and MAP@k come from `pytrec_eval` (trec_eval's `ndcg_cut`, `rec
 (`calculate_retrieval_scores`, `mrr`). No jax.
 """
 
-import gzip
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import bm25s
 import numpy as np
 import pytrec_eval
 
+from caliber_jax.data import corpus as jsonl
 from caliber_jax.eval import EncodeFn, encode_texts
 
 # The query instruction of MTEB's FinanceBenchRetrieval task (`metadata.prompt["query"]`).
@@ -147,35 +146,27 @@ def load_financebench(
     """
     queries, corpus, qrels = {}, {}, {}
     doc_id_of_text = {}
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as file:
-        for line_number, line in enumerate(file, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: invalid JSON: {error}") from error
-            qid, question = record.get("financebench_id"), record.get("question")
-            evidence = record.get("evidence")
-            if not isinstance(qid, str) or not isinstance(question, str) or not question:
-                raise ValueError(f"{where}: needs string fields financebench_id and question")
-            if qid in queries:
-                raise ValueError(f"{where}: duplicate financebench_id {qid!r}")
-            if not isinstance(evidence, list) or not evidence:
-                raise ValueError(f"{where}: field evidence must be a non-empty list")
-            relevant = {}
-            for item in evidence:
-                text = item.get("evidence_text") if isinstance(item, dict) else None
-                if not isinstance(text, str) or not text.strip():
-                    raise ValueError(f"{where}: every evidence needs a non-empty evidence_text")
-                if text not in doc_id_of_text:
-                    doc_id_of_text[text] = f"doc{len(doc_id_of_text):05d}"
-                    corpus[doc_id_of_text[text]] = text
-                relevant[doc_id_of_text[text]] = 1
-            queries[qid] = question
-            qrels[qid] = relevant
+    for line_number, record in jsonl.iter_jsonl(path):
+        where = f"{path}:{line_number}"
+        qid, question = record.get("financebench_id"), record.get("question")
+        evidence = record.get("evidence")
+        if not isinstance(qid, str) or not isinstance(question, str) or not question:
+            raise ValueError(f"{where}: needs string fields financebench_id and question")
+        if qid in queries:
+            raise ValueError(f"{where}: duplicate financebench_id {qid!r}")
+        if not isinstance(evidence, list) or not evidence:
+            raise ValueError(f"{where}: field evidence must be a non-empty list")
+        relevant = {}
+        for item in evidence:
+            text = item.get("evidence_text") if isinstance(item, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{where}: every evidence needs a non-empty evidence_text")
+            if text not in doc_id_of_text:
+                doc_id_of_text[text] = f"doc{len(doc_id_of_text):05d}"
+                corpus[doc_id_of_text[text]] = text
+            relevant[doc_id_of_text[text]] = 1
+        queries[qid] = question
+        qrels[qid] = relevant
     if not queries:
         raise ValueError(f"{path}: no records")
     return queries, corpus, qrels

@@ -91,7 +91,7 @@ def test_load_numgap_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match=f"{bad}:2: field 'perturbed'"):
         numgap.load_numgap(bad)
     bad.write_text(json.dumps(records[0]) + "\n{not json\n")
-    with pytest.raises(ValueError, match=f"{bad}:2: invalid JSON"):
+    with pytest.raises(ValueError, match=f"{bad}:2: malformed JSON"):
         numgap.load_numgap(bad)
     bad.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match=f"{bad}:1: expected a JSON object"):
