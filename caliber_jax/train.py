@@ -166,15 +166,22 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     )
 
     train_source = make_source(config, "train", dim)
-    steps = total_steps(config, len(train_source))
-    schedule = optim.make_schedule(
+    steps = total_steps(config, len(train_source))  # micro-batches
+    # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
+    accum = config.optim.accum_steps
+    updates = max(1, steps // accum)
+    update_schedule = optim.make_schedule(
         lr=config.optim.lr,
-        total_steps=steps,
+        total_steps=updates,
         warmup_frac=config.optim.warmup_frac,
         schedule=config.optim.schedule,
         cycles=config.optim.cycles,
     )
-    optimizer = optim.make_optimizer(total_steps=steps, **config.optim)
+
+    def schedule(micro_step):
+        return update_schedule(micro_step // accum)
+
+    optimizer = optim.make_optimizer(total_steps=updates, **config.optim)
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
@@ -305,11 +312,15 @@ def real_tokens(batch: dict[str, np.ndarray]) -> int:
 
 
 def _write(writer, metrics: dict[str, float], step_num: int) -> None:
+    """TensorBoard scalars, and the same values as one line of `metrics.jsonl` in the workdir."""
     if writer is None:
         return
     for key, value in metrics.items():
         writer.add_scalar(key, value, step_num)
     writer.flush()
+    log = Path(writer.logdir).parent / "metrics.jsonl"
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": step_num, **metrics}) + "\n")
 
 
 def main(argv) -> None:

@@ -152,3 +152,25 @@ def _flatten(tree, prefix=""):
         else:
             out[f"{prefix}{key}"] = np.asarray(value)
     return out
+
+
+def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "fall", "--config.total_steps=24",
+                   "--config.checkpoint_every=24", "--config.eval_every=24")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (tmp_path / "fall" / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
+    assert len(losses) == 24
+    assert np.mean(losses[-6:]) < 0.85 * np.mean(losses[:6]), losses
+
+
+def test_accumulation_counts_updates(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "acc", "--config.total_steps=4",
+                   "--config.optim.accum_steps=2", "--config.optim.warmup_frac=0.5")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [
+        json.loads(line) for line in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()
+    ]
+    lrs = [line["train/lr"] for line in lines if "train/lr" in line]
+    # 4 micro-batches = 2 updates, warmup 1 update: lr 0, 0 (update 0), then 1e-3 (update 1).
+    np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3], atol=1e-9)
