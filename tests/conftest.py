@@ -13,6 +13,13 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests draw the same examples on every run, so CI cannot turn red by chance; run with
+# HYPOTHESIS_PROFILE=explore to search with fresh random examples.
+settings.register_profile("caliber", derandomize=True, deadline=None)
+settings.register_profile("explore", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "caliber"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("CALIBER_SHARED", REPO.parent / "shared"))

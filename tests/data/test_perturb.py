@@ -335,8 +335,12 @@ def allowed_regions(text: str, category: str) -> list[tuple[int, int]]:
     if category == "unit":
         return [m.span() for m in re.finditer(r"(?<=\d)\s?(?:[A-Za-z]+(?:\s+points?)?|%)", text)]
     symbol = r"(?:[$\u20ac\u00a3\u00a5]|(?<![A-Za-z])[A-Z]{3}(?![A-Za-z]))"
+    # The unit word between number and code is optional: try it both lazily and greedily, so
+    # "1,000 USD USD" allows the first code (right after the number) as well as the second.
     return [m.span(1) for m in re.finditer(rf"({symbol})\s?\d", text)] + [
-        m.span(1) for m in re.finditer(rf"\d(?:\s?[A-Za-z]+)?\s?({symbol})", text)
+        m.span(1)
+        for quantifier in ("?", "??")
+        for m in re.finditer(rf"\d(?:\s?[A-Za-z]+){quantifier}\s?({symbol})", text)
     ]
 
 
