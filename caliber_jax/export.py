@@ -33,6 +33,10 @@ def export(workdir: str | Path, output: str | Path, *, step: int | None = None,
     params, step = checkpoint.restore_params(workdir / "checkpoints", step=step)
     flat = embedding.params_to_flat(params)
     tokenizer = tokenization.load_tokenizer(model.tokenizer_dir or model.init_dir)
+    # Tensors the encoder never uses (BERT's pooler) go out as they came in, so AutoModel
+    # loads the full original architecture without re-initialising anything.
+    source = hf.read_safetensors(model.init_dir)
+    passthrough = {k: v for k, v in source.items() if k.removeprefix("bert.").startswith("pooler.")}
     embedding.save_pretrained(
         output,
         spec,
@@ -40,6 +44,7 @@ def export(workdir: str | Path, output: str | Path, *, step: int | None = None,
         tokenizer=tokenizer,
         max_seq_length=config.data.max_length,
         query_prompt=query_prompt,
+        passthrough={k.removeprefix("bert."): v for k, v in passthrough.items()},
     )
     hf.save_json({"workdir": str(workdir), "step": int(step)}, Path(output) / "caliber_export.json")
     return Path(output)

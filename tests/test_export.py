@@ -68,7 +68,9 @@ def test_round_trip_preserves_every_tensor(minilm_dir, tmp_path):
     out = export(workdir, tmp_path / "hf")
     tensors = load_file(out / "model.safetensors")
     # Undo the perturbation of make_workdir: compare against what was checkpointed.
-    assert len(tensors) == 5 + 16 * 3
+    assert len(tensors) == 5 + 16 * 3 + 2  # embeddings, 3 layers, the untouched pooler
+    source = load_file(minilm_dir / "model.safetensors")
+    np.testing.assert_array_equal(tensors["pooler.dense.weight"], source["pooler.dense.weight"])
     np.testing.assert_array_equal(
         tensors["encoder.layer.2.attention.self.query.weight"],
         flat["encoder.layer.2.query.kernel"].T,
@@ -90,7 +92,9 @@ def test_bert_student_loads_in_torch_and_sentence_transformers(minilm_dir, tmp_p
     model = SentenceTransformer(str(out), device="cpu")
     reference = model.encode(TEXTS, convert_to_numpy=True)
     np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
-    assert type(transformers.AutoModel.from_pretrained(out)).__name__ == "BertModel"
+    auto, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+    assert type(auto).__name__ == "BertModel"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
 
 
 @pytest.fixture(scope="module")

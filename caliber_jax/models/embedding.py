@@ -199,18 +199,19 @@ def save_pretrained(
     tokenizer,
     max_seq_length: int,
     query_prompt: str | None = None,
+    passthrough: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Writes a HF + sentence-transformers directory that inverts `read_spec` + `load_flat_params`.
 
     `transformers.AutoModel` loads the encoder with its original architecture class;
     `SentenceTransformer(output_dir)` adds pooling, the Dense W_out (if any) and Normalize.
+    `passthrough` tensors (e.g. BERT's unused `pooler.*`) are written unchanged beside them.
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     encoder = {k.removeprefix("encoder."): v for k, v in flat.items() if k.startswith("encoder.")}
-    hf.save_safetensors(
-        hf.flat_to_hf(encoder, spec.family, spec.config), output_dir / "model.safetensors"
-    )
+    tensors = {**(passthrough or {}), **hf.flat_to_hf(encoder, spec.family, spec.config)}
+    hf.save_safetensors(tensors, output_dir / "model.safetensors")
     config = {**spec.raw_config, **spec.config.to_hf(), "torch_dtype": "float32"}
     config.pop("dtype", None)
     hf.save_json(config, output_dir / "config.json")
