@@ -1,0 +1,265 @@
+"""Teacher-style inference throughput (passages/s, MFU) of the JAX `Embedder` against PyTorch.
+
+    python benchmarks/encode_throughput.py --preset cpu-minilm           # this CPU box
+    python benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode  # one H100 / H200
+
+JAX runs `Embedder.encode_ids`, the path `embed_teacher` takes: passages sorted by length, cut into
+batches, padded to a few bucket lengths (`embedder.bucket_length`), one jit-compiled forward per
+batch, vectors copied back to the host. PyTorch runs what a sentence-transformers user gets:
+transformers' model with SDPA attention in inference mode (bf16 weights on GPU), the same
+length-sorted batches padded to the batch max, mean pooling, normalisation, vectors to the host.
+Both encode the same real filings passages. After a warm-up pass (JAX compiles every bucket
+shape), the frameworks alternate timed passes over all passages; each one's time is the median.
+The last line printed is `ratio_jax_over_torch=<jax passages/s / torch passages/s>`.
+
+MFU counts forward FLOPs on real tokens: 2 x non-embedding params x tokens + 4 x layers x t^2 x
+(heads x head dim) per passage, halved for causal attention.
+"""
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# Run from anywhere, installed or not: the repo root (for `caliber_jax`, `benchmarks`) goes first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Two frameworks share one GPU: JAX allocates as it goes instead of taking 75% up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from caliber_jax import embedder, tokenization  # noqa: E402
+from caliber_jax.models import embedding, hf  # noqa: E402
+
+PRESETS = {
+    "cpu-minilm": {
+        "model": "minilm",
+        "dtype": "float32",
+        "batch_size": 64,
+        "max_length": 256,
+        "passages": 256,
+        "repeats": 2,
+    },
+    "gpu-qwen3-8b-encode": {
+        "model": "qwen3-8b",
+        "dtype": "bfloat16",
+        "batch_size": 64,
+        "max_length": 512,
+        "passages": 4096,
+        "repeats": 3,
+    },
+}
+# The paper's corpus: 606K passages plus 233K perturbations for the teacher to encode (Sec. 5.1).
+PAPER_TEACHER_TEXTS = 606_000 + 233_000
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-length", type=int)
+    parser.add_argument("--passages", type=int, help="passages encoded per timed pass")
+    parser.add_argument("--repeats", type=int, help="timed passes per framework")
+    parser.add_argument("--num-layers", type=int, help="keep the first N layers")
+    parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
+    parser.add_argument("--record-stride", type=int, default=18)
+    parser.add_argument(
+        "--compile-cache",
+        default=str(common.REPO_ROOT / "runs" / "xla_cache"),
+        help="JAX persistent compilation cache directory ('' = off)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def build_models(args):
+    """(spec, JAX `Embedder`, torch model factory, tokenizer)."""
+    dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    if args.model == "minilm":
+        student = common.load_minilm(num_layers=args.num_layers)
+        spec = student.spec
+        graphdef, params = embedding.split_model(spec, student.flat, dtype=dtype)
+        tokenizer = tokenization.load_tokenizer(common.minilm_dir())
+        make_torch = lambda device: common.torch_model(student, device=device)  # noqa: E731
+    else:
+        config = common.QWEN3_EMBEDDING_8B
+        if args.num_layers:
+            config = dataclasses.replace(config, num_hidden_layers=args.num_layers)
+        spec = embedding.ModelSpec("qwen3", config, "mean", None, config.to_hf())
+        graphdef, params = common.random_model(spec, dtype=dtype, seed=args.seed)
+        tokenizer = tokenization.build_qwen3_tokenizer()
+        make_torch = lambda device: common.torch_random_qwen3(config, device=device)  # noqa: E731
+    # No tokenizer object: both sides get the same token ids; the pad id is the config's.
+    model = embedder.Embedder(spec, graphdef, params, None, max_length=args.max_length)
+    return spec, model, make_torch, tokenizer
+
+
+class TorchEncoder:
+    """Length-sorted batches padded to the batch max, mean pooled, as sentence-transformers does."""
+
+    name = "torch"
+
+    def __init__(self, make_model, *, pad_id: int, batch_size: int, bf16: bool):
+        import torch
+
+        self.torch = torch
+        self.on_gpu = torch.cuda.is_available()
+        self.device = "cuda" if self.on_gpu else "cpu"
+        torch.set_num_threads(os.cpu_count() or 1)
+        model = make_model(self.device)
+        if bf16 and self.on_gpu:
+            model = model.to(torch.bfloat16)
+        self.model = model.eval()
+        self.pad_id = pad_id
+        self.batch_size = batch_size
+
+    def encode(self, seqs: list[list[int]]) -> np.ndarray:
+        torch = self.torch
+        out = np.zeros((len(seqs), self.model.config.hidden_size), np.float32)
+        with torch.inference_mode():
+            for rows in embedder.length_batches([len(s) for s in seqs], self.batch_size):
+                length = max(len(seqs[r]) for r in rows)
+                ids, mask = common.pad_rows([seqs[r] for r in rows], length=length, pad_id=self.pad_id)
+                ids = torch.from_numpy(ids).to(self.device)
+                mask = torch.from_numpy(mask).to(self.device)
+                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+                weights = mask.unsqueeze(-1).float()
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+                out[rows] = torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
+        return out
+
+    def peak_memory(self) -> str:
+        if not self.on_gpu:
+            return "n/a on CPU"
+        return f"{common.format_bytes(self.torch.cuda.max_memory_allocated())} (max_memory_allocated)"
+
+
+class JaxEncoder:
+    """`Embedder.encode_ids`: the production teacher path."""
+
+    name = "jax"
+
+    def __init__(self, model: embedder.Embedder, *, batch_size: int):
+        self.model = model
+        self.batch_size = batch_size
+
+    def encode(self, seqs: list[list[int]]) -> np.ndarray:
+        return self.model.encode_ids(seqs, batch_size=self.batch_size)
+
+    def peak_memory(self) -> str:
+        stats = jax.devices()[0].memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            return f"{common.format_bytes(stats['peak_bytes_in_use'])} (peak_bytes_in_use)"
+        params = sum(x.nbytes for x in jax.tree.leaves(self.model.params))
+        return f"{common.format_bytes(params)} params (no device memory stats on CPU)"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    clock = time.perf_counter()
+    spec, model, make_torch, tokenizer = build_models(args)
+    passages = common.load_passages(
+        args.filings,
+        tokenizer,
+        count=args.passages,
+        max_length=args.max_length,
+        record_stride=args.record_stride,
+        seed=args.seed,
+        perturbations=False,
+    )
+    seqs = passages.ids
+    lengths = [len(s) for s in seqs]
+    device = jax.devices()[0]
+    peak, peak_source = common.peak_flops(device, dtype=args.dtype)
+    student = common.Student(spec=spec, flat=_flat_shapes(model.params))
+    flops = common.model_flops(student, lengths, backward=False)
+    buckets = sorted(
+        {
+            embedder.bucket_length(max(lengths[r] for r in rows))
+            for rows in embedder.length_batches(lengths, args.batch_size)
+        }
+    )
+    print(f"preset={args.preset} device={device.device_kind} cores={os.cpu_count()}")
+    print(
+        f"model={args.model} layers={spec.config.num_hidden_layers} "
+        f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
+        f"batch={args.batch_size} passages={len(seqs)} mean_tokens={np.mean(lengths):.1f} "
+        f"max_length={args.max_length} jax_buckets={buckets}"
+    )
+    print(f"peak_flops={peak:.4g} ({peak_source})")
+    slots_jax = sum(
+        args.batch_size * embedder.bucket_length(max(lengths[r] for r in rows))
+        for rows in embedder.length_batches(lengths, args.batch_size)
+    )
+    slots_torch = sum(
+        len(rows) * max(lengths[r] for r in rows)
+        for rows in embedder.length_batches(lengths, args.batch_size)
+    )
+    print(f"jax_padding_frac={1 - sum(lengths) / slots_jax:.3f}")
+    print(f"torch_padding_frac={1 - sum(lengths) / slots_torch:.3f}")
+    encoders = [JaxEncoder(model, batch_size=args.batch_size)]
+    if not args.skip_torch:
+        encoders.insert(
+            0,
+            TorchEncoder(
+                make_torch,
+                pad_id=model.pad_id,
+                batch_size=args.batch_size,
+                bf16=args.dtype == "bfloat16",
+            ),
+        )
+    vectors = {}
+    for encoder in encoders:
+        start = time.perf_counter()
+        vectors[encoder.name] = encoder.encode(seqs)
+        print(f"{encoder.name}_warmup_s={time.perf_counter() - start:.1f}")
+    if len(vectors) == 2 and args.model == "minilm":
+        # Same weights in both frameworks: the vectors must agree.
+        cosine = np.sum(vectors["jax"] * vectors["torch"], axis=-1)
+        print(f"min_cosine_jax_vs_torch={cosine.min():.6f}")
+    times = {encoder.name: [] for encoder in encoders}
+    for _ in range(args.repeats):
+        for encoder in encoders:
+            start = time.perf_counter()
+            encoder.encode(seqs)
+            times[encoder.name].append(time.perf_counter() - start)
+    rates = {}
+    for encoder in encoders:
+        seconds = statistics.median(times[encoder.name])
+        rates[encoder.name] = len(seqs) / seconds
+        print(f"{encoder.name}_pass_s={seconds:.3f}")
+        print(f"{encoder.name}_real_tokens_per_s={sum(lengths) / seconds:.1f}")
+        print(f"{encoder.name}_mfu_real_tokens={flops / seconds / peak:.4f}")
+        print(f"{encoder.name}_peak_memory={encoder.peak_memory()}")
+        print(f"{encoder.name}_passages_per_s={rates[encoder.name]:.2f}")
+    hours = PAPER_TEACHER_TEXTS / rates["jax"] / 3600
+    print(f"jax_projected_teacher_hours={hours:.2f} ({PAPER_TEACHER_TEXTS} texts, one device)")
+    print(f"total_s={time.perf_counter() - clock:.1f}")
+    if "torch" in rates:
+        print(f"ratio_jax_over_torch={rates['jax'] / rates['torch']:.3f}")
+
+
+def _flat_shapes(params) -> dict[str, np.ndarray]:
+    """Flat `encoder.*` names with zero-stride placeholders of the param shapes (for counting)."""
+    pure = nnx.to_pure_dict(params)
+    flat = hf.flatten(pure)
+    return {k: np.broadcast_to(np.float32(0), v.shape) for k, v in flat.items()}
+
+
+if __name__ == "__main__":
+    main()
