@@ -7,21 +7,18 @@ Legend: B batch, T tokens, D model width, L layers, N query heads, H head dim.
 import dataclasses
 import itertools
 import os
-import resource
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from caliber_jax import tokenization
 from caliber_jax.data import corpus, perturb, pipeline
-from caliber_jax.models import bert, embedding, hf, qwen3
+from caliber_jax.models import embedding, hf, qwen3
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Where the repo's sibling `shared/` folder keeps the FinanceBench filings (override with --filings).
+# The FinanceBench filings in the repo's sibling `shared/` folder (override with --filings).
 DEFAULT_FILINGS = REPO_ROOT.parent / "shared" / "data" / "financebench" / "filings.jsonl.gz"
 
 # Dense bf16 tensor-core peaks (no sparsity) from the vendors' data sheets, by `device_kind` prefix.
@@ -116,7 +113,9 @@ def load_passages(
     pert_rows = [row for row, pair in enumerate(found) if pair is not None]
     ids = tokenization.tokenize(tokenizer, texts, max_length=max_length)
     pert_texts = [found[row][1] for row in pert_rows]
-    pert_tok = tokenization.tokenize(tokenizer, pert_texts, max_length=max_length) if pert_texts else []
+    pert_tok = (
+        tokenization.tokenize(tokenizer, pert_texts, max_length=max_length) if pert_texts else []
+    )
     pert_ids: list[list[int] | None] = [None] * count
     for row, tokens in zip(pert_rows, pert_tok, strict=True):
         pert_ids[row] = tokens
@@ -161,7 +160,9 @@ def epoch_batches(passages: Passages, *, batch_size: int, window: int, seed: int
     )
 
 
-def stratified_batches(passages: Passages, plan: np.ndarray, *, num_batches: int) -> list[np.ndarray]:
+def stratified_batches(
+    passages: Passages, plan: np.ndarray, *, num_batches: int
+) -> list[np.ndarray]:
     """`num_batches` batches of `plan` at evenly spaced quantiles of their real token count.
 
     A handful of timed batches stands for the whole epoch: with the batches sorted by the real
@@ -215,7 +216,10 @@ def pipeline_batch(
 ) -> dict[str, np.ndarray]:
     """The numpy batch `pipeline.make_loader` yields for these rows (see its docstring)."""
     x = [passages.ids[r] for r in rows]
-    px = [passages.pert_ids[r] if p else passages.empty_ids for r, p in zip(rows, has_pert)]
+    px = [
+        passages.pert_ids[r] if p else passages.empty_ids
+        for r, p in zip(rows, has_pert, strict=True)
+    ]
     length = round_up(max(map(len, x)), multiple, max_length)
     pert_length = round_up(max(map(len, px)), multiple, max_length)
     input_ids, attention_mask = pad_rows(x, length=length, pad_id=pad_id)
@@ -312,7 +316,7 @@ def load_minilm(*, num_layers: int | None) -> Student:
 
 
 def random_qwen3(config: qwen3.Qwen3Config, *, seed: int) -> Student:
-    """A Qwen3 encoder of `config` with random N(0, 0.02) weights and unit norms (no weights ship)."""
+    """A Qwen3 encoder of `config`: random N(0, 0.02) weights, unit norms (no weights ship here)."""
     spec = embedding.ModelSpec(
         family="qwen3", config=config, pooling="mean", out_dim=None, raw_config=config.to_hf()
     )
@@ -365,7 +369,9 @@ def torch_model(student: Student, *, device: str):
         model = transformers.BertModel._from_config(
             config, attn_implementation="sdpa", add_pooling_layer=False
         )
-    encoder = {k.removeprefix("encoder."): v for k, v in student.flat.items() if k.startswith("encoder.")}
+    encoder = {
+        k.removeprefix("encoder."): v for k, v in student.flat.items() if k.startswith("encoder.")
+    }
     tensors = hf.flat_to_hf(encoder, student.spec.family, student.config)
     missing, unexpected = model.load_state_dict(
         {k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False
@@ -389,6 +395,42 @@ def torch_random_qwen3(config: qwen3.Qwen3Config, *, device: str):
         )
 
 
+def cudnn_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool):
+    """`layers.attention` through cuDNN's fused flash kernel (GPU, bf16/fp16 only).
+
+    The key mask becomes per-row sequence lengths, exact for right-padded batches (the pipeline
+    and the `Embedder` right-pad). Query rows past a row's length come back as zeros instead of
+    attending to the real keys; the poolers ignore those rows either way.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    lengths = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
+    return jax.nn.dot_product_attention(
+        q_btnh,
+        k_bskh,
+        v_bskh,
+        is_causal=causal,
+        query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths,
+        implementation="cudnn",
+    )
+
+
+def use_attention(name: str) -> None:
+    """Switches the encoders' attention: "xla" (the library's) or "cudnn" (`cudnn_attention`).
+
+    An experiment switch for the benchmarks only: the models look `layers.attention` up when
+    traced, so replacing it here changes every step compiled afterwards.
+    """
+    from caliber_jax.models import layers
+
+    if name == "cudnn":
+        layers.attention = cudnn_attention
+    elif name != "xla":
+        raise ValueError(f"attention={name!r}: expected 'xla' or 'cudnn'")
+
+
 # ----------------------------------------------------------------------------- FLOPs and timing
 
 
@@ -408,8 +450,9 @@ def model_flops(student: Student, lengths: Sequence[int], *, backward: bool) -> 
 def peak_flops(jax_device, *, dtype: str) -> tuple[float, str]:
     """Peak FLOP/s to divide by, and where it comes from.
 
-    GPUs: the data-sheet dense bf16 peak. CPUs: no data sheet applies to a VM slice, so the
-    peak is measured as the FLOP/s of a large (2048^3) jit-compiled matmul in `dtype`.
+    GPUs: the data-sheet dense bf16 peak. Otherwise no data sheet applies (a CPU VM slice), so
+    the peak is measured: the best of 10 runs of a large jit-compiled matmul in `dtype` (best,
+    not median, so that a busy machine lowers the peak as little as possible).
     """
     if jax_device.platform == "gpu":
         for prefix, value in GPU_PEAK_BF16.items():
@@ -421,25 +464,14 @@ def peak_flops(jax_device, *, dtype: str) -> tuple[float, str]:
     n = 2048 if jax_device.platform == "cpu" else 8192
     a = jax.device_put(jnp.ones((n, n), dtype), jax_device)
     matmul = jax.jit(lambda x: x @ x)
-    seconds = median_seconds(lambda: matmul(a).block_until_ready(), repeats=10, warmup=2)
-    return 2.0 * n**3 / seconds, f"measured: {n}^3 {dtype} matmul in jax on {jax_device.device_kind}"
-
-
-def median_seconds(fn: Callable[[], Any], *, repeats: int, warmup: int) -> float:
-    """Median wall time of `fn()` (which must block until its work is done)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
+    matmul(a).block_until_ready()
+    best = float("inf")
+    for _ in range(10):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def max_rss_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        matmul(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    source = f"measured: best of 10 {n}^3 {dtype} matmuls in jax on {jax_device.device_kind}"
+    return 2.0 * n**3 / best, source
 
 
 def format_bytes(count: float) -> str:

@@ -77,6 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=str(common.REPO_ROOT / "runs" / "xla_cache"),
         help="JAX persistent compilation cache directory ('' = off)",
     )
+    parser.add_argument(
+        "--jax-attention",
+        choices=("xla", "cudnn"),
+        default="xla",
+        help="xla: the library's jax.nn.dot_product_attention (XLA); cudnn: its fused cuDNN "
+        "kernel with sequence lengths (GPU + bf16 only, an experiment switch)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
@@ -132,7 +139,9 @@ class TorchEncoder:
         with torch.inference_mode():
             for rows in embedder.length_batches([len(s) for s in seqs], self.batch_size):
                 length = max(len(seqs[r]) for r in rows)
-                ids, mask = common.pad_rows([seqs[r] for r in rows], length=length, pad_id=self.pad_id)
+                ids, mask = common.pad_rows(
+                    [seqs[r] for r in rows], length=length, pad_id=self.pad_id
+                )
                 ids = torch.from_numpy(ids).to(self.device)
                 mask = torch.from_numpy(mask).to(self.device)
                 hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
@@ -144,7 +153,9 @@ class TorchEncoder:
     def peak_memory(self) -> str:
         if not self.on_gpu:
             return "n/a on CPU"
-        return f"{common.format_bytes(self.torch.cuda.max_memory_allocated())} (max_memory_allocated)"
+        return (
+            f"{common.format_bytes(self.torch.cuda.max_memory_allocated())} (max_memory_allocated)"
+        )
 
 
 class JaxEncoder:
@@ -171,6 +182,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.compile_cache:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    common.use_attention(args.jax_attention)
     clock = time.perf_counter()
     spec, model, make_torch, tokenizer = build_models(args)
     passages = common.load_passages(
@@ -199,7 +211,7 @@ def main(argv=None) -> None:
         f"model={args.model} layers={spec.config.num_hidden_layers} "
         f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
         f"batch={args.batch_size} passages={len(seqs)} mean_tokens={np.mean(lengths):.1f} "
-        f"max_length={args.max_length} jax_buckets={buckets}"
+        f"max_length={args.max_length} jax_buckets={buckets} jax_attention={args.jax_attention}"
     )
     print(f"peak_flops={peak:.4g} ({peak_source})")
     slots_jax = sum(

@@ -6,11 +6,12 @@
 Both frameworks get the same batches and the same weights. Batches are cut from real filings
 passages by the training pipeline's own length grouping (`pipeline.make_epoch_batches`), and a few
 of them, taken at evenly spaced quantiles of their token count, stand for the epoch. JAX runs
-`step.train_step` jitted as `train.py` jits it (state donated) on the pipeline's batch layout:
-x and pi(x) padded to a multiple of 16 and encoded in one stacked forward. PyTorch is the
-authors' recipe as one writes it in PyTorch: transformers' model with SDPA attention, a forward
-over x padded to the batch max, a second forward over only the perturbed rows, the same loss
-(eq. 4), gradient clipping and AdamW (fused), bf16 autocast on GPU.
+`step.train_step` jitted as `train.py` jits it (state donated), on the pipeline's batch layout:
+x and pi(x) padded to a multiple of 16 and encoded in one stacked forward, with a pi(x) row for
+every x ("stacked") or for the perturbed rows only ("compact", where step.py supports it, see
+`step.BATCH_LAYOUTS`). PyTorch is the authors' recipe as one writes it in PyTorch: transformers'
+model with SDPA attention, a forward over x padded to the batch max, a second forward over only
+the perturbed rows, the same loss (eq. 4), gradient clipping, fused AdamW, bf16 autocast on GPU.
 
 Timing: a warm-up step per framework (the JAX step compiles every shape in a background thread
 meanwhile), then rounds over the batches in which the two frameworks alternate step by step, so
@@ -78,7 +79,9 @@ PAPER_PASSAGES = 606_000
 PAPER_EPOCH_SECONDS = 6946.0
 # Loss and optimizer as configs/caliber.py; the schedule length only shapes the learning rate.
 LAM, MARGIN, REDUCTION = 0.5, 0.05, "batch"
-OPTIM = dict(lr=1e-4, weight_decay=0.01, warmup_frac=0.05, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0)
+OPTIM = dict(
+    lr=1e-4, weight_decay=0.01, warmup_frac=0.05, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0
+)
 TOTAL_STEPS = 1000
 
 
@@ -99,11 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--jax-layout",
         choices=("stacked", "compact"),
-        default="stacked",
-        help="pi(x) rows for every x (the pipeline's layout) or only the perturbed rows, "
-        "padded to a multiple of --pert-rows-multiple (needs a step.py that reads pert_index)",
+        help="pi(x) rows for every x, or only the perturbed rows padded to a multiple of "
+        "--pert-rows-multiple (step.BATCH_LAYOUTS); default: compact where step.py has it",
     )
-    parser.add_argument("--pert-rows-multiple", type=int, default=8)
+    parser.add_argument("--pert-rows-multiple", type=int, default=16)
     parser.add_argument("--remat", action="store_true", help="JAX: rematerialise each layer")
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
@@ -113,6 +115,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--compile-cache",
         default=str(common.REPO_ROOT / "runs" / "xla_cache"),
         help="JAX persistent compilation cache directory ('' = off)",
+    )
+    parser.add_argument(
+        "--jax-attention",
+        choices=("xla", "cudnn"),
+        default="xla",
+        help="xla: the library's jax.nn.dot_product_attention (XLA); cudnn: its fused cuDNN "
+        "kernel with sequence lengths (GPU + bf16 only, an experiment switch)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -196,8 +205,8 @@ def padding_study(args, passages, pad_id: int) -> None:
         plan = common.epoch_batches(
             passages, batch_size=args.batch_size, window=window, seed=args.seed
         )
-        real = {"stacked": 0, "compact": 0, "torch": 0}
-        slots = dict(real)
+        real = 0
+        slots = {"stacked": 0, "compact": 0, "torch": 0}
         for i, rows in enumerate(plan):
             batch = make_batch(args, passages, rows, pad_id=pad_id, dim=1, seed=i, layout="stacked")
             compact = common.compact_batch(
@@ -207,16 +216,14 @@ def padding_study(args, passages, pad_id: int) -> None:
                 max_length=args.max_length,
                 pad_id=pad_id,
             )
-            tokens = sum(common.real_lengths(batch))
+            real += sum(common.real_lengths(batch))
             for name, b in (("stacked", batch), ("compact", compact)):
                 width = max(b["input_ids"].shape[1], b["pert_input_ids"].shape[1])
                 slots[name] += (b["input_ids"].shape[0] + b["pert_input_ids"].shape[0]) * width
             x_len = batch["attention_mask"].sum(1)
             p_len = batch["pert_attention_mask"][batch["has_pert"]].sum(1)
-            slots["torch"] += len(x_len) * x_len.max() + len(p_len) * (p_len.max(initial=0))
-            for name in real:
-                real[name] += tokens
-        fractions = " ".join(f"{k}={1 - real[k] / slots[k]:.3f}" for k in slots)
+            slots["torch"] += len(x_len) * x_len.max() + len(p_len) * p_len.max(initial=0)
+        fractions = " ".join(f"{k}={1 - real / v:.3f}" for k, v in slots.items())
         print(f"padding_frac(window={window}, {len(plan)} batches): {fractions}")
 
 
@@ -273,7 +280,9 @@ class JaxRunner:
         start = time.perf_counter()
         unique = {self._shape_key(b): b for b in self.batches}
         with concurrent.futures.ThreadPoolExecutor(len(unique)) as pool:
-            compiled = pool.map(lambda b: self.train_fn.lower(self.state, b).compile(), unique.values())
+            compiled = pool.map(
+                lambda b: self.train_fn.lower(self.state, b).compile(), unique.values()
+            )
             self.executables = dict(zip(unique, compiled, strict=True))
         return time.perf_counter() - start
 
@@ -466,11 +475,14 @@ def measure(jax_runner, compiling, make_torch, num_batches: int, repeats: int, b
 def main(argv=None) -> None:
     args = parse_args(argv)
     layouts = getattr(step, "BATCH_LAYOUTS", ("stacked",))
+    if args.jax_layout is None:
+        args.jax_layout = "compact" if "compact" in layouts else "stacked"
     if args.jax_layout not in layouts:
         raise ValueError(f"--jax-layout={args.jax_layout}: this step.py supports {layouts}")
     if args.compile_cache:
         # Later runs skip XLA compilation; timed steps never include it either way.
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    common.use_attention(args.jax_attention)
     clock = time.perf_counter()
     student, tokenizer = build_student(args)
     passages = build_passages(args, student, tokenizer)
@@ -496,13 +508,16 @@ def main(argv=None) -> None:
             f"model={args.model} layers={student.config.num_hidden_layers} "
             f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
             f"batch={args.batch_size} pert_frac={pert:.3f} lengths={args.lengths} "
-            f"max_length={args.max_length} jax_layout={args.jax_layout}"
+            f"max_length={args.max_length} jax_layout={args.jax_layout} "
+            f"jax_attention={args.jax_attention} xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
         )
         print(f"jax_batch_shapes(x,pi_x)={shapes}")
         print(f"peak_flops={peak:.4g} ({peak_source})")
         padding_study(args, passages, pad_id)
         lengths = [t for b in batches for t in common.real_lengths(b)]
-        print(f"timed_batches={len(batches)} real_tokens_per_batch={sum(lengths) / len(batches):.0f}")
+        print(
+            f"timed_batches={len(batches)} real_tokens_per_batch={sum(lengths) / len(batches):.0f}"
+        )
         make_torch = None
         if not args.skip_torch:
             make_torch = functools.partial(TorchRunner, args, student, batches)

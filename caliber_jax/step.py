@@ -39,12 +39,20 @@ def _pad_to(x_bt: jax.Array, length: int) -> jax.Array:
     return jnp.pad(x_bt, ((0, 0), (0, length - x_bt.shape[1])))
 
 
+# The pi(x) layouts `embed_pairs` reads (see `pipeline.make_loader`, `pert_rows_multiple`).
+BATCH_LAYOUTS = ("stacked", "compact")
+
+
 def embed_pairs(
     graphdef: nnx.GraphDef, params: Any, batch: dict[str, jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
-    """Student vectors of x and pi(x) from one forward over the stacked [2B, T] batch.
+    """Student vectors of x and pi(x) from one forward over x and the pi(x) rows, stacked.
 
-    Rows without a perturbation still run (static shapes); the loss masks them out.
+    "stacked" layout: `pert_input_ids` has a row per x, [2B, T] in all; rows without a
+    perturbation still run (static shapes) and the loss masks them out. "compact" layout:
+    `pert_input_ids` holds only P perturbed rows and `pert_index` [P] names the x row of each
+    (B on padding rows), so the forward runs B + P rows; s_px is scattered back to [B, E], zero
+    where there is no perturbation. Either way both come back [B, E].
     """
     model = nnx.merge(graphdef, params)
     length = max(batch["input_ids"].shape[1], batch["pert_input_ids"].shape[1])
@@ -56,7 +64,11 @@ def embed_pairs(
     )
     vecs = model(ids, mask)
     rows = batch["input_ids"].shape[0]
-    return vecs[:rows], vecs[rows:]
+    s_x, s_px = vecs[:rows], vecs[rows:]
+    if "pert_index" in batch:
+        # Padding rows carry index B, out of bounds: mode="drop" discards them.
+        s_px = jnp.zeros_like(s_x).at[batch["pert_index"]].set(s_px, mode="drop")
+    return s_x, s_px
 
 
 def loss_fn(

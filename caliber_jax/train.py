@@ -90,6 +90,7 @@ def make_loader(config, source, tokenize_fn, *, pad_id, train: bool):
         drop_remainder=train and config.data.drop_remainder,
         worker_count=config.data.worker_count,
         read_threads=config.data.read_threads,
+        pert_rows_multiple=config.data.get("pert_rows_multiple", 0),
     )
 
 
@@ -307,6 +308,13 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
     """Non-pad tokens of x and of the existing pi(x) in this host's batch."""
     real = batch["weight"] > 0
+    if "pert_index" in batch:  # compact layout: pi(x) rows of perturbed x rows only
+        local = len(real)
+        offset = jax.process_index() * local
+        slot = batch["pert_index"] - offset
+        kept = (slot >= 0) & (slot < local)
+        kept[kept] = real[slot[kept]]
+        return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][kept].sum())
     pert = real & batch["has_pert"]
     return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][pert].sum())
 

@@ -129,3 +129,36 @@ def test_lambda_zero_step_ignores_hinge():
     parts = hist[0]
     expected = parts["train/align_x"] + parts["train/pert_frac"] * parts["train/align_px"]
     np.testing.assert_allclose(parts["train/loss"], expected, rtol=1e-6)
+
+
+def to_compact(batch, rows_multiple):
+    """The compact layout of a stacked test batch (as `pipeline.make_loader` builds it)."""
+    pert = np.flatnonzero(batch["has_pert"])
+    count = max(rows_multiple, -(-len(pert) // rows_multiple) * rows_multiple)
+    ids = np.zeros((count, batch["pert_input_ids"].shape[1]), np.int32)
+    mask = np.zeros_like(ids)
+    ids[: len(pert)] = batch["pert_input_ids"][pert]
+    mask[: len(pert)] = batch["pert_attention_mask"][pert]
+    ids[len(pert) :, 0], mask[len(pert) :, 0] = 7, 1  # padding rows: one dummy token
+    index = np.full(count, len(batch["has_pert"]), np.int32)
+    index[: len(pert)] = pert
+    return {**batch, "pert_input_ids": ids, "pert_attention_mask": mask, "pert_index": index}
+
+
+def test_compact_layout_matches_stacked():
+    graphdef, params = make_model(0)
+    batch = make_batch(6, rows=8)
+    assert batch["has_pert"].sum() == 3
+    kwargs = dict(graphdef=graphdef, lam=0.5, margin=0.05, reduction="batch")
+    grad_fn = jax.jit(jax.value_and_grad(functools.partial(step.loss_fn, **kwargs), has_aux=True))
+    (loss, parts), grads = grad_fn(params, batch)
+    for rows_multiple in (1, 4):
+        compact = to_compact(batch, rows_multiple)
+        assert compact["pert_input_ids"].shape[0] < 8
+        (loss_c, parts_c), grads_c = grad_fn(params, compact)
+        np.testing.assert_allclose(loss_c, loss, rtol=1e-5)
+        for key in parts:
+            np.testing.assert_allclose(parts_c[key], parts[key], rtol=1e-5, atol=1e-7)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads_c, grads
+        )

@@ -221,6 +221,7 @@ def make_loader(
     drop_remainder: bool,
     worker_count: int,
     read_threads: int,
+    pert_rows_multiple: int = 0,
 ) -> grain.IterDataset:
     """Builds the training input pipeline; `iter()` it for a checkpointable grain iterator.
 
@@ -229,8 +230,8 @@ def make_loader(
     own rows. Each element is this process's share (b = B/P rows) of one global batch, as numpy:
       input_ids, attention_mask: [b, T] int32, T = the global batch's longest passage rounded up
         to a multiple of `pad_to_multiple`, capped at `max_length` (same on every process).
-      pert_input_ids, pert_attention_mask: [b, T'] int32; a row without a perturbation holds the
-        tokenization of "" (e.g. [CLS] [SEP]).
+      pert_input_ids, pert_attention_mask: [b, T'] int32 (the default "stacked" layout); a row
+        without a perturbation holds the tokenization of "" (e.g. [CLS] [SEP]).
       has_pert: [b] bool.  teacher_x, teacher_px: [b, d] float32 (teacher_px 0 where no pert).
       index: [b] int64 row index, -1 for padding rows.  weight: [b] float32, 0 for padding rows.
     Padding rows (last batch, `drop_remainder=False`) copy real rows so they encode cleanly.
@@ -252,6 +253,14 @@ def make_loader(
       drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
       worker_count: grain worker processes; 0 runs in this process.
       read_threads: threads per process preparing batches, also the prefetch depth (0 = none).
+      pert_rows_multiple: 0 keeps the "stacked" layout above. m > 0 gives the "compact" layout
+        (`step.BATCH_LAYOUTS`): pert_input_ids and pert_attention_mask hold only this process's
+        perturbed rows, [p, T'] with p = the largest per-process count of perturbed rows in the
+        global batch rounded up to m (at most b, so every process has the same shape), padding
+        rows encoding "" as the stacked layout's dummies do; T' comes from the global batch's
+        perturbed rows. A new key pert_index [p] int32 gives each row's position in the global
+        batch (B on padding rows). The forward then runs B + P rows instead of 2B. Keep m a
+        multiple of the local device count so that P shards evenly.
 
     Returns:
       A `grain.IterDataset` of batch dicts.
@@ -260,6 +269,8 @@ def make_loader(
         raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    if pert_rows_multiple < 0:
+        raise ValueError(f"pert_rows_multiple={pert_rows_multiple} must be >= 0 (0 = stacked)")
     if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
         raise ValueError(
             f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
@@ -287,6 +298,8 @@ def make_loader(
         max_length=max_length,
         pad_id=pad_id,
         pad_to_multiple=pad_to_multiple,
+        pert_rows_multiple=pert_rows_multiple,
+        has_pert=np.array([bool(text) for text in perturbed]),
     )
     num_steps = sys.maxsize if num_epochs is None else num_epochs * per_epoch
     dataset = grain.MapDataset.range(num_steps).map(load_batch)
@@ -326,8 +339,10 @@ class _LoadBatch:
         self.lengths = lengths
         self.pert_lengths = pert_lengths
         self.per_epoch = per_epoch
+        self.has_pert = options.pop("has_pert")
         self.options = options
         self._cache: tuple[int, np.ndarray] | None = None
+        self._empty: int | None = None
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         o = self.options
@@ -353,10 +368,16 @@ class _LoadBatch:
         texts, perturbed = self.source.read_texts(mine)
         # Lengths come from the whole global batch, so every process pads to the same shape.
         input_ids, attention_mask = self._tokenize_pad(texts, self.lengths, filled, mine)
-        pert_input_ids, pert_attention_mask = self._tokenize_pad(
-            perturbed, self.pert_lengths, filled, mine
-        )
         has_pert = np.array([bool(text) for text in perturbed])
+        compact = {}
+        if o["pert_rows_multiple"]:
+            pert_input_ids, pert_attention_mask, compact["pert_index"] = self._compact_pert(
+                perturbed, filled, mine
+            )
+        else:
+            pert_input_ids, pert_attention_mask = self._tokenize_pad(
+                perturbed, self.pert_lengths, filled, mine
+            )
         teacher_x, teacher_px = self.source.read_teacher(mine)
         teacher_px[~has_pert] = 0.0
         slot = slice(o["process_index"] * local, (o["process_index"] + 1) * local)
@@ -370,20 +391,52 @@ class _LoadBatch:
             "teacher_px": teacher_px,
             "index": rows[slot].copy(),
             "weight": real[slot].astype(np.float32),
+            **compact,
         }
+
+    def _compact_pert(
+        self, perturbed: list[str], batch: np.ndarray, mine: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This process's perturbed rows of pi(x): [p, T'] ids and mask, [p] global positions."""
+        o = self.options
+        local = len(mine)
+        per_process = self.has_pert[batch].reshape(o["process_count"], local).sum(axis=1)
+        multiple = o["pert_rows_multiple"]
+        count = min(local, max(multiple, -(-int(per_process.max()) // multiple) * multiple))
+        rows = [i for i, text in enumerate(perturbed) if text]
+        texts = [perturbed[i] for i in rows] + [""] * (count - len(rows))
+        pert_batch = batch[self.has_pert[batch]]
+        expected = np.concatenate(
+            [self.pert_lengths[mine[rows]], np.full(count - len(rows), self._empty_length())]
+        ).astype(np.int64)
+        longest = int(self.pert_lengths[pert_batch].max()) if len(pert_batch) else 1
+        ids, mask = self._pad_texts(texts, expected, max(longest, self._empty_length()))
+        index = np.full(count, o["batch_size"], dtype=np.int32)
+        index[: len(rows)] = o["process_index"] * local + np.asarray(rows, dtype=np.int32)
+        return ids, mask, index
+
+    def _empty_length(self) -> int:
+        if self._empty is None:
+            self._empty = len(self.options["tokenize_fn"]([""], self.options["max_length"])[0])
+        return self._empty
 
     def _tokenize_pad(
         self, texts: list[str], lengths: np.ndarray, batch: np.ndarray, mine: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
+        return self._pad_texts(texts, lengths[mine], max(1, int(lengths[batch].max())))
+
+    def _pad_texts(
+        self, texts: list[str], expected: np.ndarray, longest: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tokenizes and right-pads to `longest` rounded up to `pad_to_multiple`."""
         multiple = self.options["pad_to_multiple"]
-        longest = max(1, int(lengths[batch].max()))
         length = min(self.options["max_length"], -(-longest // multiple) * multiple)
         ids = self.options["tokenize_fn"](texts, self.options["max_length"])
         found = [len(row) for row in ids]
-        if found != lengths[mine].tolist():
+        if found != expected.tolist():
             raise ValueError(
-                f"tokenize_fn is not deterministic: rows {mine.tolist()} gave lengths {found}, "
-                f"{lengths[mine].tolist()} when the loader was built"
+                f"tokenize_fn is not deterministic: got lengths {found}, "
+                f"{expected.tolist()} when the loader was built"
             )
         padded = np.full((len(ids), length), self.options["pad_id"], dtype=np.int32)
         mask = np.zeros((len(ids), length), dtype=np.int32)

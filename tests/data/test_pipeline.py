@@ -377,3 +377,43 @@ class HFTokenize:
 
     def __call__(self, texts, max_length):
         return self.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_compact_layout(corpus, process_count):
+    source, texts, perturbed, _ = corpus
+    options = dict(batch_size=8, seed=3, length_group_window=2, num_epochs=1)
+    stacked = batches(source, **options)
+    shards = [
+        batches(
+            source, pert_rows_multiple=2, process_index=p, process_count=process_count, **options
+        )
+        for p in range(process_count)
+    ]
+    empty = byte_tokenize([""], 64)[0]
+    for step_num, full in enumerate(stacked):
+        parts = [shard[step_num] for shard in shards]
+        assert len({part["pert_input_ids"].shape for part in parts}) == 1
+        for key in ("input_ids", "has_pert", "teacher_px", "index"):
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), full[key])
+        index = np.concatenate([p["pert_index"] for p in parts])
+        ids = np.concatenate([p["pert_input_ids"] for p in parts])
+        mask = np.concatenate([p["pert_attention_mask"] for p in parts])
+        real = index < 8
+        np.testing.assert_array_equal(np.sort(index[real]), np.flatnonzero(full["has_pert"]))
+        per_process = [int(p["has_pert"].sum()) for p in parts]
+        count = min(8 // process_count, max(2, -(-max(per_process) // 2) * 2))
+        assert len(index) == process_count * count
+        lengths = [
+            len(byte_tokenize([perturbed[i]], 64)[0]) for i in full["index"][full["has_pert"]]
+        ]
+        longest = max([len(empty), *lengths])
+        assert ids.shape[1] == min(64, -(-longest // 16) * 16)
+        for slot, row in enumerate(index):
+            if row < 8:
+                pert = byte_tokenize([perturbed[full["index"][row]]], 64)[0]
+                np.testing.assert_array_equal(ids[slot, : len(pert)], pert)
+                assert mask[slot].sum() == len(pert)
+            else:
+                np.testing.assert_array_equal(ids[slot, : len(empty)], empty)
+                assert mask[slot].sum() == len(empty)
