@@ -306,17 +306,8 @@ def embed_to_store(
       The store.
     """
     texts = list(texts)
-    digest = text_hash(texts)
-    if metadata.get("text_hash", digest) != digest:
-        raise ValueError(f"{path}: metadata text_hash {metadata['text_hash']} != texts {digest}")
-    store = create_store(
-        path,
-        num_rows=len(texts),
-        dim=dim,
-        dtype=dtype,
-        chunk_rows=chunk_rows,
-        metadata={**metadata, "text_hash": digest},
-    )
+    store = _create_for_texts(path, texts, dim=dim, dtype=dtype, chunk_rows=chunk_rows,
+                              metadata=metadata)  # fmt: skip
     native_dim = int(store.metadata["native_dim"])
     pending = pending_ranges(path, process_index, process_count)
     first, last = process_rows(len(texts), chunk_rows, process_index, process_count)
@@ -383,17 +374,8 @@ def import_npy(
             f"{vectors_npy}: native_dim={native_dim}, metadata says {metadata['native_dim']}"
         )
     dim = native_dim if dim is None else dim
-    digest = text_hash(texts)
-    if metadata.get("text_hash", digest) != digest:
-        raise ValueError(f"{path}: metadata text_hash {metadata['text_hash']} != texts {digest}")
-    store = create_store(
-        path,
-        num_rows=len(texts),
-        dim=dim,
-        dtype=dtype,
-        chunk_rows=chunk_rows,
-        metadata={**metadata, "native_dim": native_dim, "text_hash": digest},
-    )
+    store = _create_for_texts(path, texts, dim=dim, dtype=dtype, chunk_rows=chunk_rows,
+                              metadata={**metadata, "native_dim": native_dim})  # fmt: skip
     for start, stop in pending_ranges(path):
         for chunk_start in range(start, stop, chunk_rows):
             chunk_stop = min(chunk_start + chunk_rows, stop)
@@ -407,6 +389,21 @@ def import_npy(
             block = np.where(present[:, None], block, 0.0)
             write_rows(store, chunk_start, mrl_truncate(block, dim))
     return store
+
+
+def _create_for_texts(path, texts, *, dim, dtype, chunk_rows, metadata) -> TeacherStore:
+    """`create_store` for the rows of `texts`, recording (and checking) their text hash."""
+    digest = text_hash(texts)
+    if metadata.get("text_hash", digest) != digest:
+        raise ValueError(f"{path}: metadata text_hash {metadata['text_hash']} != texts {digest}")
+    return create_store(
+        path,
+        num_rows=len(texts),
+        dim=dim,
+        dtype=dtype,
+        chunk_rows=chunk_rows,
+        metadata={**metadata, "text_hash": digest},
+    )
 
 
 def _array_spec(path: Path, num_rows: int, dim: int, dtype: str, chunk_rows: int) -> dict:
