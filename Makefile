@@ -1,0 +1,26 @@
+# The two commands of a new user (README): `make test` and `make demo`. Both create .venv on first
+# use and install the pinned CPU torch first (any other torch spec pulls gigabytes of CUDA wheels),
+# then the package with the extras the tests and the demo need.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo multiprocess clean-runs
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" bash launch/demo.sh
+
+clean-runs:
+	rm -rf runs/demo

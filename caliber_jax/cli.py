@@ -1,0 +1,182 @@
+"""What every entry point shares: quiet logs, the persistent XLA compilation cache, one-line errors.
+
+    if __name__ == "__main__":
+        ...DEFINE flags...
+        cli.run(main)
+
+Flags added here (only when `run` is called, so tests can import entry-point modules):
+`--compilation_cache` (a directory, or "none"), `--traceback` (show the Python traceback of an
+error instead of one line). absl's `--verbosity` turns INFO logging back on.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from absl import app, flags, logging
+
+# Errors that mean "your input or config is wrong" rather than "caliber_jax has a bug".
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    KeyError,
+    json.JSONDecodeError,
+    FloatingPointError,
+    app.UsageError,
+)
+EXIT_USER_ERROR = 2
+
+
+def default_cache_dir() -> str:
+    """`$CALIBER_JAX_CACHE`, else `$XDG_CACHE_HOME/caliber_jax/xla`, else `~/.cache/...`."""
+    if os.environ.get("CALIBER_JAX_CACHE"):
+        return os.environ["CALIBER_JAX_CACHE"]
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "caliber_jax", "xla")
+
+
+def enable_compilation_cache(cache_dir: str | None) -> None:
+    """Turns on JAX's persistent compilation cache in `cache_dir` (None or "none": off).
+
+    Every program is cached, however fast it compiled: on a CPU most step programs compile in a
+    few seconds, below JAX's default one-second-and-up threshold only in aggregate.
+    """
+    import jax
+
+    if not cache_dir or cache_dir.lower() == "none":
+        return
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class CompileStats:
+    """Counts XLA programs built in this process, split into compiled and read from the cache.
+
+    Listens to JAX's monitoring events: every backend compile request records its duration
+    (cache reads included), every persistent-cache hit records an event.
+    """
+
+    _BACKEND = "/jax/core/compile/backend_compile_duration"
+    _HIT = "/jax/compilation_cache/cache_hits"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.cache_hits = 0
+        self.seconds = 0.0
+        self._active = False
+
+    def start(self) -> "CompileStats":
+        """Registers the listeners (once)."""
+        from jax import monitoring
+
+        if not self._active:
+            monitoring.register_event_duration_secs_listener(self._on_duration)
+            monitoring.register_event_listener(self._on_event)
+            self._active = True
+        return self
+
+    def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        del kwargs
+        if event == self._BACKEND:
+            with self._lock:
+                self.requests += 1
+                self.seconds += duration
+
+    def _on_event(self, event: str, **kwargs: Any) -> None:
+        del kwargs
+        if event == self._HIT:
+            with self._lock:
+                self.cache_hits += 1
+
+    @property
+    def compiled(self) -> int:
+        """Programs XLA compiled from scratch (not found in the persistent cache)."""
+        return self.requests - self.cache_hits
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return {
+                "programs": self.requests,
+                "compiled": self.requests - self.cache_hits,
+                "cache_hits": self.cache_hits,
+                "compile_seconds": round(self.seconds, 3),
+            }
+
+
+COMPILE_STATS = CompileStats()
+
+
+def format_error(error: BaseException) -> str:
+    """The one line printed for a user error: `error: <message>` (the message names file/line)."""
+    message = str(error)
+    if isinstance(error, KeyError) and error.args:
+        message = str(error.args[0])
+    if isinstance(error, FileNotFoundError) and error.filename and error.filename not in message:
+        message = f"{error.filename}: {error.strerror or 'not found'}"
+    return f"error: {message.strip() or type(error).__name__}"
+
+
+def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+    """Wraps an absl `main`: user errors become one line on stderr and exit status 2."""
+
+    def wrapped(argv: list[str]) -> Any:
+        _configure()
+        try:
+            return main(argv)
+        except USER_ERRORS as error:
+            if flags.FLAGS.traceback:
+                raise
+            print(format_error(error), file=sys.stderr, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+
+    return wrapped
+
+
+def _configure() -> None:
+    """Quiet logs unless --verbosity was given; the compilation cache unless turned off."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+        # Orbax and grain also log through Python's logging below absl's handler.
+        import logging as std_logging
+
+        for name in ("absl", "orbax", "grain", "jax", "jax._src"):
+            std_logging.getLogger(name).setLevel(std_logging.WARNING)
+    enable_compilation_cache(flags.FLAGS.compilation_cache)
+    COMPILE_STATS.start()
+
+
+def define_flags() -> None:
+    """The flags every entry point shares (defined once)."""
+    if "compilation_cache" not in flags.FLAGS:
+        flags.DEFINE_string(
+            "compilation_cache",
+            default_cache_dir(),
+            "Persistent XLA compilation cache directory; 'none' turns it off.",
+        )
+    if "traceback" not in flags.FLAGS:
+        flags.DEFINE_boolean("traceback", False, "Show Python tracebacks of input errors.")
+
+
+def run(main: Callable[[list[str]], Any]) -> None:
+    """`absl.app.run(main)` with the shared flags, quiet logs, cache, and one-line errors."""
+    define_flags()
+    try:
+        app.run(guard(main))
+    except app.UsageError as error:  # raised by flag parsing before `main` runs
+        print(format_error(error), file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def stage(message: str, started: float) -> None:
+    """One summary line per stage on stderr: `[caliber_jax] <message> (12.3 s)`."""
+    print(f"[caliber_jax] {message} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
