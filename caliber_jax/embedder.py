@@ -53,6 +53,16 @@ def pad_batch(
     return ids, mask
 
 
+def check_ids(seqs: Sequence[Sequence[int]], *, vocab_size: int) -> None:
+    """Raises ValueError naming the first row holding an id outside [0, vocab_size)."""
+    for row, seq in enumerate(seqs):
+        if seq and (min(seq) < 0 or max(seq) >= vocab_size):
+            token = next(t for t in seq if not 0 <= t < vocab_size)
+            raise ValueError(
+                f"row {row}: token id {token} is outside the vocabulary (vocab_size={vocab_size})"
+            )
+
+
 class Embedder:
     """A loaded embedding model, its tokenizer and a jit-compiled encode function."""
 
@@ -72,6 +82,11 @@ class Embedder:
         self.max_length = max_length
         pad = tokenizer.pad_token_id if tokenizer is not None else None
         self.pad_id = spec.config.pad_token_id if pad is None else pad
+        if not 0 <= self.pad_id < spec.config.vocab_size:
+            raise ValueError(
+                f"tokenizer pad id {self.pad_id} is outside the vocabulary "
+                f"(vocab_size={spec.config.vocab_size})"
+            )
         self._embed = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
 
     @classmethod
@@ -150,6 +165,7 @@ class Embedder:
         seqs = [list(s)[:max_length] if max_length else list(s) for s in token_id_lists]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("encode_ids: empty token sequence")
+        check_ids(seqs, vocab_size=self.spec.config.vocab_size)
         out = np.zeros((len(seqs), self.dim), np.float32)
         for rows in tqdm(length_batches([len(s) for s in seqs], batch_size), disable=not progress):
             length = bucket_length(max(len(seqs[r]) for r in rows))
@@ -158,6 +174,12 @@ class Embedder:
             )
             vecs = self._embed(self.params, ids, mask)
             out[rows] = np.asarray(vecs)[: len(rows)]
+        bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        if bad.size:
+            raise FloatingPointError(
+                f"encode: non-finite vectors for {bad.size} rows (first: row {bad[0]}); "
+                "check the weights and the compute dtype"
+            )
         return out
 
     def encode_fn(self, **kwargs) -> Callable[[Sequence[str]], np.ndarray]:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from caliber_jax import cli
 from caliber_jax.data import corpus
 
 
@@ -71,4 +72,4 @@ if __name__ == "__main__":
     flags.DEFINE_integer("batch_size", 32, "Texts per forward pass.")
     flags.DEFINE_integer("max_length", None, "Token limit (default: the model's).")
     flags.DEFINE_string("query_task", None, "Qwen3-Embedding query instruction.")
-    app.run(main)
+    cli.run(main)

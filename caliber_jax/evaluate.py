@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
+from caliber_jax import cli
 from caliber_jax.eval import EncodeFn, asymmetric, embednum, mrl, numfine, numgap, retrieval
 
 BM25 = "bm25"
@@ -394,4 +395,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    cli.run(main)

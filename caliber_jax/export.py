@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 
-from caliber_jax import checkpoint, tokenization
+from caliber_jax import checkpoint, cli, tokenization
 from caliber_jax.models import embedding, hf
 
 
@@ -62,4 +62,4 @@ if __name__ == "__main__":
     flags.DEFINE_string("output", None, "Directory to write the HF model to.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
     flags.DEFINE_string("query_prompt", None, "sentence-transformers 'query' prompt to record.")
-    app.run(main)
+    cli.run(main)

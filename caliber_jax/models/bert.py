@@ -62,7 +62,7 @@ class BertConfig:
             type_vocab_size=hf.get("type_vocab_size", 2),
             layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
             hidden_act=act,
-            pad_token_id=hf.get("pad_token_id") or 0,
+            pad_token_id=layers.resolve_pad_id(hf, vocab_size=hf["vocab_size"]),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class BertEncoder(nnx.Module):
                 f"{self.config.max_position_embeddings}"
             )
         apply = nnx.remat(_apply_layer) if self.remat else _apply_layer
-        x_btd = self.embeddings(input_ids_bt)
+        x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt))
         for layer in self.layer:
             x_btd = apply(layer, x_btd, attention_mask_bt)
         return x_btd

@@ -40,6 +40,30 @@ class LayerNorm(nnx.Module):
         return (normed * self.weight[...] + self.bias[...]).astype(self.dtype)
 
 
+def mask_ids(input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+    """Token ids with every padded position set to 0, so a lookup never reads outside the table.
+
+    An out-of-range id makes `jnp.take` return a NaN row, and 0 x NaN then leaks through masked
+    attention into every real token; padding must never be able to do that, whatever pad id a
+    tokenizer or config names. (Out-of-range ids on real tokens are rejected on the host.)
+    """
+    return jnp.where(attention_mask_bt.astype(bool), input_ids_bt, 0)
+
+
+def resolve_pad_id(hf: dict, *, vocab_size: int, name: str = "config.json") -> int:
+    """`pad_token_id`, else `eos_token_id` (the first if a list), else 0; checked against V."""
+    pad = hf.get("pad_token_id")
+    if pad is None:
+        eos = hf.get("eos_token_id")
+        pad = (eos[0] if eos else None) if isinstance(eos, list) else eos
+    pad = 0 if pad is None else int(pad)
+    if not 0 <= pad < vocab_size:
+        raise ValueError(
+            f"{name}: pad_token_id={pad} is outside the vocabulary (vocab_size={vocab_size})"
+        )
+    return pad
+
+
 def positions_from_mask(attention_mask_bt: jax.Array) -> jax.Array:
     """Position ids that count only real tokens, so left and right padding give the same result.
 

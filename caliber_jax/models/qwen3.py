@@ -47,7 +47,6 @@ class Qwen3Config:
             )
         theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
         heads = hf["num_attention_heads"]
-        pad = hf.get("pad_token_id")
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
@@ -59,7 +58,7 @@ class Qwen3Config:
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             attention_bias=bool(hf.get("attention_bias", False)),
-            pad_token_id=151643 if pad is None else pad,
+            pad_token_id=layers.resolve_pad_id(hf, vocab_size=hf["vocab_size"]),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -193,7 +192,7 @@ class Qwen3Encoder(nnx.Module):
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
         )
         apply = nnx.remat(_apply_layer) if self.remat else _apply_layer
-        x_btd = self.embed_tokens(input_ids_bt)
+        x_btd = self.embed_tokens(layers.mask_ids(input_ids_bt, attention_mask_bt))
         for layer in self.layers:
             x_btd = apply(layer, x_btd, cos_bth, sin_bth, attention_mask_bt)
         return self.norm(x_btd)

@@ -10,9 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from caliber_jax.data import corpus
-
-FILINGS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "financebench"
-FILINGS = FILINGS / "filings.jsonl.gz"
+from tests.conftest import SAMPLE_FILINGS as FILINGS
 
 SENTENCE = "Revenue was $5.2 million in 2020, up 3% from the prior year."
 

@@ -1,21 +1,15 @@
 """Tests for caliber_jax/eval/retrieval.py: hand-computed metrics, MTEB parity, FinanceBench."""
 
+import gzip
 import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores
 
 from caliber_jax.eval import retrieval
-
-# As tests/conftest.py resolves it: CALIBER_SHARED, else shared/ beside the repository.
-SHARED = Path(
-    os.environ.get("CALIBER_SHARED", Path(__file__).resolve().parents[2] / ".." / "shared")
-)
-FINANCEBENCH = SHARED / "data" / "financebench" / "financebench_open_source.jsonl"
+from tests.conftest import SAMPLE_FINANCEBENCH as FINANCEBENCH
 
 # q1: relevant a, c. Ranked b, a, d, c.
 # q2: graded x=2, y=1. x and y tie at .5; trec_eval/MTEB break ties by doc id descending, so
@@ -170,7 +164,8 @@ def test_format_query_is_qwen3_style():
 
 def test_load_financebench_real_file():
     queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH)
-    records = [json.loads(line) for line in FINANCEBENCH.read_text().splitlines()]
+    with gzip.open(FINANCEBENCH, "rt", encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
     unique = {e["evidence_text"] for r in records for e in r["evidence"]}
     assert len(queries) == 150
     assert len(corpus) == len(unique) == 180

@@ -190,3 +190,44 @@ def test_params_are_float32_and_named_like_hf(tiny_dir):
     assert {v.dtype for v in flat.values()} == {np.dtype("float32")}
     assert "encoder.layers.2.self_attn.q_norm.weight" in flat
     assert flat["encoder.layers.0.self_attn.q_proj.kernel"].shape == (64, 4 * 24)
+
+
+def test_config_without_pad_token_id_matches_transformers(tmp_path):
+    """The issue's reproduction: no pad_token_id and V < 151,643 once gave NaN for every row."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    config.pad_token_id = None
+    model = transformers.Qwen3Model(config).eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved.get("pad_token_id") is None
+    emb = Embedder.from_pretrained(tmp_path)
+    # eos_token_id when the config names one, else 0; inside the vocabulary either way.
+    assert 0 <= emb.pad_id < 512
+    seqs = [[5, 17, 33], *random_ids(seed=3, lengths=(9, 2, 30))]
+    ours = emb.encode_ids(seqs, batch_size=4)
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, torch_embed(model, seqs, "mean"), atol=1e-5)
+
+
+def test_out_of_range_id_is_an_error_naming_it(tiny_dir):
+    path, _ = tiny_dir
+    emb = Embedder.from_pretrained(path)
+    with pytest.raises(ValueError, match="row 1: token id 512 is outside the vocabulary"):
+        emb.encode_ids([[5, 6], [7, 512, 8]])
+    with pytest.raises(ValueError, match="row 0: token id -1"):
+        emb.encode_ids([[-1]])
+
+
+def test_pad_id_outside_vocabulary_is_refused(tmp_path):
+    make_hf_qwen3(tmp_path, pad_token_id=None, eos_token_id=600)
+    with pytest.raises(ValueError, match="pad_token_id=600 is outside the vocabulary"):
+        Embedder.from_pretrained(tmp_path)
