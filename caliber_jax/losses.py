@@ -143,3 +143,131 @@ def caliber_loss(
     else:
         loss = parts["align_x"] + parts["align_px"] + lam * parts["num"]
     return loss, parts
+
+
+# Objectives of `calibration_loss` (issue #16); "caliber" is eq. 4.
+OBJECTIVES = ("caliber", "absolute", "neighbour")
+
+
+def absolute_hinge(delta_s: jax.Array, margin: float) -> jax.Array:
+    """max(0, m - Delta_s): a fixed discrimination target, not relative to the teacher's."""
+    return jnp.maximum(0.0, margin - delta_s)
+
+
+def neighbour_hinge(sim_p: jax.Array, sim_nb: jax.Array, margin: float) -> jax.Array:
+    """max(0, cos(s x, s pi x) - sim_nb + m): pi(x) must end up farther than a topical neighbour.
+
+    NumGap-D counts anchors whose perturbation is *less* similar than a topical distractor, so
+    this hinge is zero exactly on rows NumGap would count (with margin m to spare). `sim_nb` is a
+    fixed threshold, the teacher's cos(t x, t x_nb): taking the student's own neighbour
+    similarity instead lets it lower the loss by raising every similarity (collapse).
+    """
+    return jnp.maximum(0.0, sim_p - sim_nb + margin)
+
+
+def calibration_loss(
+    s_x: jax.Array,
+    s_px: jax.Array,
+    t_x: jax.Array,
+    t_px: jax.Array,
+    has_pert: jax.Array,
+    *,
+    objective: str,
+    lam: float,
+    margin: float,
+    perturb_weight: float,
+    t_nb: jax.Array | None = None,
+    has_nb: jax.Array | None = None,
+    weights: jax.Array | None = None,
+    reduction: str = "batch",
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """L_a(x) + 1[pi](perturb_weight * L_a(pi x) + lam * L_obj(x)), averaged over the batch.
+
+    objective "caliber": L_obj = eq. 3, so perturb_weight = 1 is `caliber_loss` exactly.
+    "absolute": L_obj = `absolute_hinge(Delta_s, m)`. "neighbour": L_obj =
+    `neighbour_hinge(cos(s x, s pi x), cos(t x, t x_nb), m)` on rows that have both a
+    perturbation and a neighbour (`has_nb`); other rows get no numeric term. perturb_weight < 1
+    loosens the pull of s(pi x) towards t(pi x), which sits almost on t(x).
+
+    Args:
+      s_x, s_px, t_x, t_px, has_pert, weights, reduction: as in `caliber_loss`.
+      objective: one of `OBJECTIVES`.
+      lam: weight of the numeric term.
+      margin: m of the chosen hinge.
+      perturb_weight: weight of ||s(pi x) - t(pi x)|| (the authors' `perturb_weight`).
+      t_nb: `[B, D]` teacher vectors of each row's neighbour x_nb ("neighbour" only).
+      has_nb: `[B]` bool, whether row b has a neighbour ("neighbour" only).
+
+    Returns:
+      `(loss, parts)` with the parts of `caliber_loss` ("num" is the chosen hinge; "delta_t" is
+      the teacher's Delta_t whatever the objective) plus "sim_p" (mean cos(s x, s pi x)) and,
+      for "neighbour", "sim_nb" (mean teacher threshold), all over the rows the term covers.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective={objective!r}; expected one of {OBJECTIVES}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; expected one of {_REDUCTIONS}")
+    if s_x.ndim != 2 or not s_x.shape == s_px.shape == t_x.shape == t_px.shape:
+        raise ValueError(
+            "expected four [B, D] arrays of one shape, got "
+            f"s_x {s_x.shape}, s_px {s_px.shape}, t_x {t_x.shape}, t_px {t_px.shape}"
+        )
+    rows = s_x.shape[:1]
+    if has_pert.shape != rows:
+        raise ValueError(f"has_pert shape {has_pert.shape} != batch {rows}")
+    if objective == "neighbour":
+        if t_nb is None or has_nb is None:
+            raise ValueError("objective 'neighbour' needs t_nb and has_nb (prepare.neighbour_k)")
+        if t_nb.shape != s_x.shape or has_nb.shape != rows:
+            raise ValueError(f"t_nb {t_nb.shape} / has_nb {has_nb.shape} do not match {s_x.shape}")
+    weights = jnp.ones(rows, jnp.float32) if weights is None else weights
+    if weights.shape != rows:
+        raise ValueError(f"weights shape {weights.shape} != batch {rows}")
+    weights = weights.astype(jnp.float32)
+    valid = weights > 0
+    pert = has_pert.astype(bool) & valid
+    pert_f = pert.astype(jnp.float32)
+    # The numeric term's rows: perturbed, and for "neighbour" also with a neighbour.
+    term = pert & has_nb.astype(bool) if objective == "neighbour" else pert
+    term_f = term.astype(jnp.float32)
+
+    # As in caliber_loss: zero unused rows before any arithmetic so NaN never reaches a gradient.
+    s_x = jnp.where(valid[:, None], s_x.astype(jnp.float32), 0.0)
+    t_x = jnp.where(valid[:, None], t_x.astype(jnp.float32), 0.0)
+    s_px = jnp.where(pert[:, None], s_px.astype(jnp.float32), 0.0)
+    t_px = jnp.where(pert[:, None], t_px.astype(jnp.float32), 0.0)
+
+    align_x = align_loss(s_x, t_x)
+    align_px = align_loss(s_px, t_px) * pert_f
+    delta_s = discrimination(s_x, s_px) * pert_f
+    delta_t = discrimination(t_x, t_px) * pert_f
+    parts_extra = {}
+    if objective == "caliber":
+        num = numeric_hinge(delta_s, delta_t, margin)
+    elif objective == "absolute":
+        num = absolute_hinge(delta_s, margin)
+    else:
+        t_nb = jnp.where(term[:, None], t_nb.astype(jnp.float32), 0.0)
+        sim_nb = cosine(t_x, t_nb) * term_f
+        num = neighbour_hinge(1.0 - delta_s, sim_nb, margin)
+        parts_extra["sim_nb"] = _weighted_mean(sim_nb, weights * term_f)
+    num = num * term_f
+
+    pert_weights = weights * pert_f
+    term_weights = weights * term_f
+    parts = {
+        "align_x": _weighted_mean(align_x, weights),
+        "align_px": _weighted_mean(align_px, pert_weights),
+        "num": _weighted_mean(num, term_weights),
+        "delta_s": _weighted_mean(delta_s, pert_weights),
+        "delta_t": _weighted_mean(delta_t, pert_weights),
+        "sim_p": _weighted_mean((1.0 - delta_s) * pert_f, pert_weights),
+        "hinge_active_frac": _weighted_mean((num > 0).astype(jnp.float32), term_weights),
+        "pert_frac": _weighted_mean(pert_f, weights),
+        **parts_extra,
+    }
+    if reduction == "batch":
+        loss = _weighted_mean(align_x + perturb_weight * align_px + lam * num, weights)
+    else:
+        loss = parts["align_x"] + perturb_weight * parts["align_px"] + lam * parts["num"]
+    return loss, parts

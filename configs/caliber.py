@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.numgap_quotas_test = {"magnitude": 500, "polarity": 500, "unit": 300}
     config.prepare.numgap_quotas_dev = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
     config.prepare.bm25_k = 10
+    config.prepare.neighbour_k = 0  # BM25 neighbours searched per training passage; 0 = none
     config.prepare.numfine_items = 1000  # NumFinE units from held-out documents; 0 = none
 
     config.teacher = ml_collections.ConfigDict()
@@ -44,6 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.batch_size = 64
     config.teacher.max_length = 512
     config.teacher.chunk_rows = 4096
+    # "flax": our Embedder (Qwen3/BERT, GPU/TPU); "torch": any local sentence-transformers or
+    # transformers directory through PyTorch (black-box teachers, e.g. MPNet).
+    config.teacher.backend = "flax"
+    config.teacher.device = "auto"  # torch backend only: "auto", "cpu", "cuda", "cuda:1", ...
 
     config.data = ml_collections.ConfigDict()
     config.data.dir = "runs/caliber/data"  # prepare's output; teacher stores go inside
@@ -87,6 +92,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.lam = 0.5
     config.loss.margin = 0.05
     config.loss.reduction = "batch"  # eq. 4 as written; "per_term" = the authors' code
+    # "caliber" = eq. 4 exactly; "absolute" = max(0, m - Delta_s); "neighbour" = max(0,
+    # cos(s x, s pi x) - cos(t x, t x_nb) + m), x_nb mined by prepare (prepare.neighbour_k > 0).
+    config.loss.objective = "caliber"
+    # Weight of ||s(pi x) - t(pi x)|| (the authors' perturb_weight); eq. 4 has 1.
+    config.loss.perturb_weight = 1.0
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

@@ -217,3 +217,115 @@ def test_shape_errors():
         losses.caliber_loss(**_batch(has_pert=jnp.zeros(2, bool)), lam=0.5, margin=0.05)
     with pytest.raises(ValueError, match="weights"):
         losses.caliber_loss(**_batch(), lam=0.5, margin=0.05, weights=jnp.ones(4))
+
+
+# --- Issue #16 objectives (`calibration_loss`), on the hand-made batch above. ---
+# Neighbours: row 0 has x_nb with t_nb=(1,0), so the teacher threshold cos(t_x, t_nb) = .6;
+# row 1 is perturbed but has no neighbour; row 2 is unperturbed.
+T_NB = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+HAS_NB = [True, False, True]
+
+
+def _calibration(objective, **options):
+    batch = _batch()
+    if objective == "neighbour":
+        batch.update(t_nb=jnp.array(T_NB, jnp.float32), has_nb=jnp.array(HAS_NB))
+    return losses.calibration_loss(**batch, objective=objective, **options)
+
+
+def test_absolute_and_neighbour_hinge_hand_values():
+    np.testing.assert_allclose(losses.absolute_hinge(jnp.array([0.2, 0.0, 0.5]), 0.3),
+                               [0.1, 0.3, 0.0], atol=1e-7)  # fmt: skip
+    # sim_p - sim_nb + m: .8 - .6 + .05 = .25; .5 - .6 + .05 < 0 -> 0; .6 - .6 + 0 = 0.
+    np.testing.assert_allclose(
+        losses.neighbour_hinge(jnp.array([0.8, 0.5, 0.6]), jnp.array([0.6, 0.6, 0.6]), 0.05),
+        [0.25, 0.0, 0.05],
+        atol=1e-7,
+    )
+
+
+def test_calibration_caliber_objective_is_eq4():
+    for reduction in ("batch", "per_term"):
+        want, want_parts = losses.caliber_loss(**_batch(), lam=0.5, margin=0.05,
+                                               reduction=reduction)  # fmt: skip
+        got, parts = _calibration("caliber", lam=0.5, margin=0.05, perturb_weight=1.0,
+                                  reduction=reduction)  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=1e-7)
+        for name, value in want_parts.items():
+            np.testing.assert_allclose(parts[name], value, rtol=1e-7, err_msg=name)
+
+
+def test_calibration_perturb_weight_hand_values():
+    # Rows 0 and 1 with their L_a(pi x) at half weight: the hinge is unchanged (0 and .25).
+    loss, _ = _calibration("caliber", lam=0.5, margin=0.05, perturb_weight=0.5)
+    row0 = math.sqrt(0.8) + 0.5 * math.sqrt(0.08)
+    row1 = 0.5 * math.sqrt(0.4) + 0.5 * 0.25
+    np.testing.assert_allclose(loss, (row0 + row1 + ROW2) / 3, rtol=1e-6)
+    # perturb_weight = 0: the pair is no longer pulled towards t(pi x) at all.
+    loss, _ = _calibration("caliber", lam=0.0, margin=0.05, perturb_weight=0.0)
+    np.testing.assert_allclose(loss, (math.sqrt(0.8) + ROW2) / 3, rtol=1e-6)
+
+
+def test_calibration_absolute_hand_values():
+    # m = .3: row 0 has Delta_s = .2 -> .1; row 1 has Delta_s = 0 -> .3 (teacher ignored).
+    loss, parts = _calibration("absolute", lam=1.0, margin=0.3, perturb_weight=0.5)
+    row0 = math.sqrt(0.8) + 0.5 * math.sqrt(0.08) + 0.1
+    row1 = 0.5 * math.sqrt(0.4) + 0.3
+    np.testing.assert_allclose(loss, (row0 + row1 + ROW2) / 3, rtol=1e-6)
+    np.testing.assert_allclose(parts["num"], 0.2, rtol=1e-6)
+    np.testing.assert_allclose(parts["hinge_active_frac"], 1.0)
+    np.testing.assert_allclose(parts["sim_p"], (0.8 + 1.0) / 2, rtol=1e-6)
+    # The per-term reduction: mean La(x) + w * mean La(px) + lam * mean hinge over perturbed rows.
+    loss, _ = _calibration("absolute", lam=1.0, margin=0.3, perturb_weight=0.5,
+                           reduction="per_term")  # fmt: skip
+    align_x = (math.sqrt(0.8) + math.sqrt(2.0)) / 3
+    align_px = (math.sqrt(0.08) + math.sqrt(0.4)) / 2
+    np.testing.assert_allclose(loss, align_x + 0.5 * align_px + 0.2, rtol=1e-6)
+
+
+def test_calibration_neighbour_hand_values():
+    # Row 0: sim_p = cos((1,0), (.8,.6)) = .8, threshold .6 -> .8 - .6 + .05 = .25. Row 1 has
+    # no neighbour, row 2 no perturbation: no numeric term, and the mean is over row 0 only.
+    loss, parts = _calibration("neighbour", lam=2.0, margin=0.05, perturb_weight=0.0)
+    np.testing.assert_allclose(loss, (math.sqrt(0.8) + 2.0 * 0.25 + ROW2) / 3, rtol=1e-6)
+    np.testing.assert_allclose(parts["num"], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(parts["sim_nb"], 0.6, rtol=1e-6)
+    np.testing.assert_allclose(parts["hinge_active_frac"], 1.0)
+    # A neighbour the teacher finds more similar (.96) than the pair (.8): hinge 0.
+    batch = _batch(t_nb=jnp.array([[0.8, 0.6], [0.0, 1.0], [1.0, 0.0]]), has_nb=jnp.array(HAS_NB))
+    loss, parts = losses.calibration_loss(**batch, objective="neighbour", lam=2.0, margin=0.05,
+                                          perturb_weight=0.0)  # fmt: skip
+    np.testing.assert_allclose(loss, (math.sqrt(0.8) + ROW2) / 3, rtol=1e-6)
+    np.testing.assert_allclose(parts["hinge_active_frac"], 0.0)
+
+
+def test_calibration_neighbour_gradient_pushes_pair_apart():
+    """The neighbour term's gradient on s(pi x) points away from s(x), and matches finite
+    differences; NaN in rows without a neighbour or perturbation never reaches it."""
+    t_nb = jnp.array([[1.0, 0.0], [jnp.nan, jnp.nan], [jnp.nan, 0.0]])
+
+    def loss_of_s_px(s_px):
+        batch = _batch(s_px=s_px, t_nb=t_nb, has_nb=jnp.array(HAS_NB))
+        return losses.calibration_loss(**batch, objective="neighbour", lam=2.0, margin=0.05,
+                                       perturb_weight=0.0)[0]  # fmt: skip
+
+    s_px = jnp.array(S_PX, jnp.float32)
+    grad = np.asarray(jax.grad(loss_of_s_px)(s_px))
+    assert np.all(np.isfinite(grad))
+    # d/ds_px of (2/3) cos(s_x, s_px) at s_x=(1,0), s_px=(.8,.6): (2/3) * (s_x - .8 s_px).
+    np.testing.assert_allclose(grad[0], (2 / 3) * np.array([1 - 0.64, -0.48]), atol=1e-6)
+    np.testing.assert_allclose(grad[1:], 0.0)
+    eps = 1e-3
+    for index in np.ndindex(2):
+        step = np.zeros((3, 2), np.float32)
+        step[(0, *index)] = eps
+        numeric = (loss_of_s_px(s_px + step) - loss_of_s_px(s_px - step)) / (2 * eps)
+        np.testing.assert_allclose(grad[(0, *index)], numeric, atol=2e-3)
+
+
+def test_calibration_errors():
+    with pytest.raises(ValueError, match="objective"):
+        _calibration("triplet-ish", lam=1.0, margin=0.1, perturb_weight=1.0)
+    with pytest.raises(ValueError, match="t_nb"):
+        losses.calibration_loss(**_batch(), objective="neighbour", lam=1.0, margin=0.1,
+                                perturb_weight=1.0)  # fmt: skip
