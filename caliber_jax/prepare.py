@@ -52,6 +52,7 @@ def prepare(
     max_train_passages: int = 0,
     max_val_passages: int = 0,
     numfine_items: int = 0,
+    neighbour_k: int = 0,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -61,7 +62,9 @@ def prepare(
 
     `heldout_fraction` of the documents (at least one when > 0 and there are two or more) go to
     `val.jsonl` and are the only source of NumGap; the rest go to `train.jsonl`. The caps
-    (0 = none) keep a seeded sample of each split. `numfine_items` > 0 also writes
+    (0 = none) keep a seeded sample of each split. `neighbour_k` > 0 gives every training
+    passage a "neighbour" field (`mine_neighbours`): the row in `train.jsonl` of a topical BM25
+    neighbour, or null. `numfine_items` > 0 also writes
     `numfine_test.jsonl`: NumFinE units (graded variants of one number) from the same held-out
     documents.
     """
@@ -93,7 +96,11 @@ def prepare(
     )
     train = [p for p in passages if p["doc_name"] not in heldout]
     val = [p for p in passages if p["doc_name"] in heldout]
-    corpus.save_jsonl(output_dir / "train.jsonl", sample(train, max_train_passages, seed=seed))
+    train = sample(train, max_train_passages, seed=seed)
+    if neighbour_k:
+        neighbours = mine_neighbours([p["text"] for p in train], k=neighbour_k)
+        train = [{**p, "neighbour": n} for p, n in zip(train, neighbours, strict=True)]
+    corpus.save_jsonl(output_dir / "train.jsonl", train)
     if val:
         corpus.save_jsonl(output_dir / "val.jsonl", sample(val, max_val_passages, seed=seed))
     perturbable = sum(chosen.values())
@@ -147,6 +154,32 @@ def prepare(
     return stats
 
 
+def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -> list[int | None]:
+    """A topical neighbour per text, picked the way NumGap picks its distractors.
+
+    Among each text's top-`k` BM25 neighbours in `texts` (itself excluded), the one closest in
+    length, skipping exact copies and numeric near-duplicates (numeric-token Jaccard above
+    `max_jaccard`, `numgap.pick_distractor`): a passage about the same topic with other numbers.
+    Only the given (training) texts are searched, so no held-out text leaks into training.
+
+    Returns:
+      Per text, the index of its neighbour in `texts`, or None when no candidate qualifies.
+    """
+    if not texts:
+        return []
+    index = numgap.Bm25Neighbours(texts)
+    found: list[int | None] = []
+    for start in range(0, len(texts), 1024):
+        rows = range(start, min(start + 1024, len(texts)))
+        for row, ranked in zip(rows, index.neighbours(rows, k=k + 1), strict=True):
+            candidates = [doc for doc in ranked if doc != row]
+            choice = numgap.pick_distractor(
+                texts[row], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
+            )
+            found.append(None if choice is None else candidates[choice])
+    return found
+
+
 def heldout_documents(names: Sequence[str], *, fraction: float, seed: int) -> set[str]:
     """A seeded share of whole documents (by name), independent of their order."""
     if not 0.0 <= fraction < 1.0:
@@ -186,6 +219,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         max_train_passages=options.max_passages,
         max_val_passages=options.max_val_passages,
         numfine_items=options.numfine_items,
+        neighbour_k=options.get("neighbour_k", 0),
     )
 
 

@@ -79,8 +79,28 @@ def loss_fn(
     lam: float,
     margin: float,
     reduction: str,
+    objective: str = "caliber",
+    perturb_weight: float = 1.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     s_x, s_px = embed_pairs(graphdef, params, batch)
+    if objective != "caliber" or perturb_weight != 1.0:
+        # Issue #16 objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
+        return losses.calibration_loss(
+            s_x,
+            s_px,
+            batch["teacher_x"],
+            batch["teacher_px"],
+            batch["has_pert"],
+            objective=objective,
+            lam=lam,
+            margin=margin,
+            perturb_weight=perturb_weight,
+            # Splits without mined neighbours (validation) get no neighbour term.
+            t_nb=batch.get("teacher_nb", jnp.zeros_like(batch["teacher_x"])),
+            has_nb=batch.get("has_nb", jnp.zeros_like(batch["has_pert"])),
+            weights=batch["weight"],
+            reduction=reduction,
+        )
     return losses.caliber_loss(
         s_x,
         s_px,
@@ -104,10 +124,23 @@ def train_step(
     lam: float,
     margin: float,
     reduction: str,
+    objective: str = "caliber",
+    perturb_weight: float = 1.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One AdamW step on eq. 4. Returns the new state and `train/*` metrics (scalars)."""
+    """One AdamW step on eq. 4 (or `objective`, see `losses.calibration_loss`).
+
+    Returns the new state and `train/*` metrics (scalars).
+    """
     grad_fn = jax.value_and_grad(
-        functools.partial(loss_fn, graphdef=graphdef, lam=lam, margin=margin, reduction=reduction),
+        functools.partial(
+            loss_fn,
+            graphdef=graphdef,
+            lam=lam,
+            margin=margin,
+            reduction=reduction,
+            objective=objective,
+            perturb_weight=perturb_weight,
+        ),
         has_aux=True,
     )
     (loss, parts), grads = grad_fn(state.params, batch)
@@ -130,10 +163,19 @@ def eval_step(
     lam: float,
     margin: float,
     reduction: str,
+    objective: str = "caliber",
+    perturb_weight: float = 1.0,
 ) -> dict[str, jax.Array]:
     """Validation loss components, weighted by the real rows of the batch (sum, count)."""
     loss, parts = loss_fn(
-        params, batch, graphdef=graphdef, lam=lam, margin=margin, reduction=reduction
+        params,
+        batch,
+        graphdef=graphdef,
+        lam=lam,
+        margin=margin,
+        reduction=reduction,
+        objective=objective,
+        perturb_weight=perturb_weight,
     )
     rows = jnp.sum(batch["weight"])
     pert_rows = jnp.sum(batch["weight"] * batch["has_pert"])

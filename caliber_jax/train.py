@@ -201,7 +201,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
     )
     loss_args = dict(
-        lam=config.loss.lam, margin=config.loss.margin, reduction=config.loss.reduction
+        lam=config.loss.lam,
+        margin=config.loss.margin,
+        reduction=config.loss.reduction,
+        objective=config.loss.get("objective", "caliber"),
+        perturb_weight=config.loss.get("perturb_weight", 1.0),
     )
     train_fn = jax.jit(
         lambda s, b: step.train_step(

@@ -147,3 +147,38 @@ def test_heldout_documents_is_seeded_and_order_free():
     assert chosen == prepare_lib.heldout_documents(names[::-1], fraction=0.2, seed=3)
     assert chosen != prepare_lib.heldout_documents(names, fraction=0.2, seed=4)
     assert prepare_lib.heldout_documents(names[:1], fraction=0.5, seed=0) == set()
+
+
+def test_mine_neighbours_skips_copies_numeric_duplicates_and_strangers():
+    texts = [
+        "Revenue grew 5% to $100 million in 2019 on higher pricing across segments.",
+        "Revenue grew 5% to $100 million in 2019 on higher pricing across segments.",
+        "Revenue fell 3% to $80 million in 2020 on lower pricing across segments and regions.",
+        "Revenue grew 5% to $100 million in 2019 on pricing across segments.",
+        "The weather in Paris was sunny all week.",
+    ]
+    found = prepare_lib.mine_neighbours(texts, k=5)
+    # 0 and 3: the copy (1) and the same-numbers rewrite (Jaccard 1) are skipped -> 2, the
+    # passage on the same topic with other numbers. 4 shares no term with anything -> None.
+    assert found[0] == found[1] == found[3] == 2
+    assert found[2] in (0, 1)
+    assert found[4] is None
+    assert prepare_lib.mine_neighbours([], k=5) == []
+
+
+def test_prepare_stores_training_neighbours(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)
+    train = corpus.load_jsonl(tmp_path / "out" / "train.jsonl")
+    val = corpus.load_jsonl(tmp_path / "out" / "val.jsonl")
+    assert all("neighbour" not in passage for passage in val)
+    rows = [passage["neighbour"] for passage in train]
+    assert any(row is not None for row in rows)
+    for index, row in enumerate(rows):
+        if row is not None:
+            assert 0 <= row < len(train) and row != index
+            assert train[row]["text"] != train[index]["text"]
+            assert numgap.numeric_jaccard(train[row]["text"], train[index]["text"]) <= 0.5
+    # Without neighbour_k the training file has no such field (eq. 4 runs are unchanged).
+    prepare_lib.prepare(source, tmp_path / "plain", seed=0, heldout_fraction=0.34)
+    assert all("neighbour" not in p for p in corpus.load_jsonl(tmp_path / "plain" / "train.jsonl"))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from caliber_jax import optim, sharding, step
+from caliber_jax import losses, optim, sharding, step
 from caliber_jax.models import bert, embedding
 
 CONFIG = bert.BertConfig(
@@ -162,3 +162,63 @@ def test_compact_layout_matches_stacked():
         jax.tree.map(
             lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads_c, grads
         )
+
+
+def neighbour_batch(seed, teacher):
+    """A calibration batch: the teacher is the student's own init; x_nb = the next row."""
+    batch = make_batch(seed, teacher=teacher)
+    batch["has_pert"] = np.ones_like(batch["has_pert"])
+    graphdef, params = teacher
+    model = nnx.merge(graphdef, params)
+    batch["teacher_px"] = np.asarray(model(batch["pert_input_ids"], batch["pert_attention_mask"]))
+    batch["teacher_nb"] = np.roll(batch["teacher_x"], 1, axis=0)
+    batch["has_nb"] = np.arange(len(batch["weight"])) % 4 != 3  # a few rows without one
+    return batch
+
+
+def test_neighbour_objective_loss_fn_is_calibration_loss():
+    graphdef, params = make_model(0)
+    batch = neighbour_batch(2, (graphdef, params))
+    options = dict(lam=2.0, margin=0.05, reduction="batch", perturb_weight=0.0)
+    loss, parts = step.loss_fn(params, batch, graphdef=graphdef, objective="neighbour", **options)
+    s_x, s_px = step.embed_pairs(graphdef, params, batch)
+    want, want_parts = losses.calibration_loss(
+        s_x, s_px, batch["teacher_x"], batch["teacher_px"], batch["has_pert"],
+        objective="neighbour", t_nb=batch["teacher_nb"], has_nb=batch["has_nb"],
+        weights=batch["weight"], **options,
+    )  # fmt: skip
+    np.testing.assert_allclose(loss, want, rtol=1e-6)
+    np.testing.assert_allclose(parts["sim_nb"], want_parts["sim_nb"], rtol=1e-6)
+    # Student == teacher: alignment is 0 and the loss is lam * the neighbour hinge alone.
+    np.testing.assert_allclose(parts["align_x"], 0.0, atol=1e-6)
+    # The default objective is eq. 4, bit for bit.
+    eq4, _ = step.loss_fn(params, batch, graphdef=graphdef, lam=0.5, margin=0.05,
+                          reduction="batch")  # fmt: skip
+    want4, _ = losses.caliber_loss(s_x, s_px, batch["teacher_x"], batch["teacher_px"],
+                                   batch["has_pert"], lam=0.5, margin=0.05,
+                                   weights=batch["weight"])  # fmt: skip
+    assert float(eq4) == float(want4)
+
+
+def test_neighbour_objective_separates_pairs_in_twenty_steps():
+    """Calibrating a model against itself: the pi(x) pairs move apart while x stays aligned."""
+    graphdef, params = make_model(0)
+    batch = neighbour_batch(3, (graphdef, params))
+    optimizer = make_optimizer(lr=3e-3)
+    schedule = optim.make_schedule(lr=3e-3, total_steps=100, warmup_frac=0.0, schedule="constant")
+    train = jax.jit(
+        functools.partial(
+            step.train_step, graphdef=graphdef, optimizer=optimizer, schedule=schedule, lam=2.0,
+            margin=0.05, reduction="batch", objective="neighbour", perturb_weight=0.0,
+        )
+    )  # fmt: skip
+    state = step.init_state(params, optimizer, seed=0)
+    history = []
+    for _ in range(20):
+        state, metrics = train(state, batch)
+        history.append(jax.device_get(metrics))
+    first, last = history[0], history[-1]
+    assert first["train/num"] > 0.1 and first["train/sim_p"] > first["train/sim_nb"]
+    assert last["train/num"] < 0.5 * first["train/num"], (first, last)
+    assert last["train/sim_p"] < first["train/sim_p"] - 0.05
+    assert last["train/align_x"] < 0.5

@@ -27,6 +27,35 @@ TokenizeFn = Callable[[list[str], int], list[list[int]]]
 _TOKENIZE_ROWS = 4096
 
 
+def load_neighbours(path: str | os.PathLike) -> np.ndarray | None:
+    """The optional "neighbour" field of a passages file (`prepare.mine_neighbours`).
+
+    Returns:
+      [N] int64 row index of each passage's neighbour in the same file, -1 where it is null, or
+      None when no record has the field.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    found: list[int] = []
+    present = False
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            present |= "neighbour" in record
+            neighbour = record.get("neighbour")
+            if neighbour is not None and (not isinstance(neighbour, int) or neighbour < 0):
+                raise ValueError(f"{path}:{line_number}: field 'neighbour' must be a row or null")
+            found.append(-1 if neighbour is None else neighbour)
+    if not present:
+        return None
+    neighbours = np.asarray(found, dtype=np.int64)
+    if neighbours.max(initial=-1) >= len(neighbours):
+        raise ValueError(f"{path}: neighbour row {neighbours.max()} >= {len(neighbours)} rows")
+    return neighbours
+
+
 def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Reads a passages `.jsonl` (or `.jsonl.gz`) with fields id, text, perturbed (str or null).
 
@@ -103,6 +132,7 @@ class TrainSource:
                 expect_dim=dim,
                 expect_hash=self._hashes[1],
             )
+        self.neighbours = load_neighbours(self.passages_path)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -131,6 +161,17 @@ class TrainSource:
         if self.teacher_px is None:
             return teacher_x, np.zeros_like(teacher_x)
         return teacher_x, self.teacher_px[indices]
+
+    def read_neighbours(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Returns ([n, d] float32 teacher vectors of the rows' neighbours, [n] bool has one).
+
+        Rows without a neighbour get zeros. Only for sources whose passages name neighbours.
+        """
+        rows = self.neighbours[indices]
+        has_nb = rows >= 0
+        teacher_nb = self.teacher_x[np.where(has_nb, rows, 0)]
+        teacher_nb[~has_nb] = 0.0
+        return teacher_nb, has_nb
 
     def _loaded(self) -> tuple[list[str], list[str]]:
         with self._lock:
@@ -234,6 +275,8 @@ def make_loader(
         without a perturbation holds the tokenization of "" (e.g. [CLS] [SEP]).
       has_pert: [b] bool.  teacher_x, teacher_px: [b, d] float32 (teacher_px 0 where no pert).
       index: [b] int64 row index, -1 for padding rows.  weight: [b] float32, 0 for padding rows.
+      teacher_nb: [b, d] float32, has_nb: [b] bool: only when the passages file names
+        neighbours (`prepare.neighbour_k`); the teacher vector of each row's neighbour, 0 if none.
     Padding rows (last batch, `drop_remainder=False`) copy real rows so they encode cleanly.
 
     Args:
@@ -380,7 +423,9 @@ class _LoadBatch:
             )
         teacher_x, teacher_px = self.source.read_teacher(mine)
         teacher_px[~has_pert] = 0.0
-        slot = slice(o["process_index"] * local, (o["process_index"] + 1) * local)
+        if self.source.neighbours is not None:
+            # Teacher vectors of each row's mined topical neighbour (objective "neighbour").
+            compact["teacher_nb"], compact["has_nb"] = self.source.read_neighbours(mine)
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,

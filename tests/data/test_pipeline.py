@@ -417,3 +417,36 @@ def test_compact_layout(corpus, process_count):
             else:
                 np.testing.assert_array_equal(ids[slot, : len(empty)], empty)
                 assert mask[slot].sum() == len(empty)
+
+
+def test_neighbour_teacher_rows(corpus, tmp_path):
+    """Passages naming a neighbour row give each batch that row's teacher vector (0 if none)."""
+    texts, perturbed = make_corpus(NUM_ROWS)
+    paths = write_corpus(tmp_path, texts, perturbed)
+    neighbours = [None if i % 5 == 0 else (i * 7) % NUM_ROWS for i in range(NUM_ROWS)]
+    records = [json.loads(line) for line in paths["passages.jsonl"].read_text().splitlines()]
+    with open(paths["passages.jsonl"], "w", encoding="utf-8") as f:
+        for record, neighbour in zip(records, neighbours, strict=True):
+            f.write(json.dumps({**record, "neighbour": neighbour}) + "\n")
+    source = pipeline.TrainSource(
+        paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=paths["px"], dim=DIM
+    )
+    vectors = teacher_vectors(NUM_ROWS, 1.0)
+    seen = 0
+    for batch in batches(source):
+        for row, index in enumerate(batch["index"]):
+            if index < 0:
+                continue
+            seen += 1
+            neighbour = neighbours[index]
+            assert batch["has_nb"][row] == (neighbour is not None)
+            want = np.zeros(DIM) if neighbour is None else vectors[neighbour]
+            np.testing.assert_allclose(batch["teacher_nb"][row], want, rtol=1e-6)
+    assert seen == NUM_ROWS
+    # A source without the field yields no neighbour keys; a bad row is a path:line error.
+    assert "teacher_nb" not in next(iter(loader(corpus[0])))
+    with open(paths["passages.jsonl"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "bad", "text": "x", "perturbed": None, "neighbour": -2}) + "\n")
+    with pytest.raises(ValueError, match=rf"passages.jsonl:{NUM_ROWS + 1}: field 'neighbour'"):
+        pipeline.load_neighbours(paths["passages.jsonl"])
+
