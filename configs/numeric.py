@@ -1,0 +1,32 @@
+"""Numeric calibration on the study data: all-MiniLM-L6-v2 calibrating itself (issue #16).
+
+    python scripts/study.py --preset numeric --filings ../shared/data/financebench/filings.jsonl.gz
+    python scripts/sweep.py --output runs/sweep          # the objective x lambda x margin sweep
+
+The `configs/calibrate.py` recipe on 12,800 passages of the FinanceBench filings that are not
+evaluation documents (NumGap dev/test from held-out filings only), max length 128. docs/numeric.md
+has the sweep this recipe comes from, its NumGap and FinanceBench numbers and wall times.
+"""
+
+import ml_collections
+
+from configs import calibrate, study
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    config = calibrate.get_config(arg)
+    data = study.get_config()
+    config.prepare = data.prepare
+    config.prepare.neighbour_k = 10
+    # Only the categories NumGap tests (v1: magnitude / polarity / unit): period edits are 57%
+    # of the perturbations otherwise and teach nothing NumGap-D measures.
+    config.prepare.categories = ("magnitude", "polarity", "unit")
+    config.prepare.max_passages = 12800
+    config.prepare.max_val_passages = 256
+    config.prepare.numfine_items = 0
+    config.data.dir = "runs/numeric/data"
+    config.total_steps = 1000
+    config.log_every = 25
+    config.eval_every = 250
+    config.checkpoint_every = 50
+    return config

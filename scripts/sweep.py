@@ -1,0 +1,264 @@
+"""Resumable sweep of numeric objectives (issue #16): objective x lambda x margin x perturb_weight.
+
+    python scripts/sweep.py --output runs/sweep --grid screen      # short points first
+    python scripts/sweep.py --output runs/sweep --grid frontier    # >= 1,000 steps each
+
+Every point trains all-MiniLM-L6-v2 calibrating itself (`configs/numeric.py`: the student is the
+teacher at full depth) with the user-facing CLIs (train, export, evaluate), then scores it on the
+NumGap *dev* set (held-out documents; selection never sees the test set) per category and on
+FinanceBenchRetrieval. A finished point leaves `<output>/points/<name>.json` and is skipped on the
+next run; an unfinished one resumes from its Orbax checkpoint. After every point the script
+rewrites `<output>/summary.json` (all points, the Pareto front of NumGap-D vs nDCG@10) and
+`<output>/pareto.png`. Data (prepare + teacher vectors) is built once into `config.data.dir` if
+missing. `--test NAME` scores finished points on the NumGap test set as well, for the report.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
+
+# (objective, lam, margin, perturb_weight, lr, steps). "teacher" is the untrained model.
+GRIDS: dict[str, list[tuple[str, float, float, float, float, int]]] = {
+    "screen": [
+        ("caliber", 0.5, 0.05, 1.0, 5e-5, 200),
+        ("neighbour", 2.0, 0.05, 0.0, 5e-5, 200),
+        ("neighbour", 8.0, 0.1, 0.0, 1e-4, 200),
+        ("absolute", 2.0, 0.5, 0.0, 5e-5, 200),
+        ("neighbour", 2.0, 0.05, 1.0, 5e-5, 200),
+        ("absolute", 8.0, 0.5, 0.0, 1e-4, 200),
+        ("caliber", 8.0, 0.5, 0.0, 1e-4, 200),
+    ],
+    "frontier": [
+        ("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000),
+        ("neighbour", 2.0, 0.05, 0.0, 5e-5, 1000),
+    ],
+    # The whole path in about a minute on the bundled sample, for the tests.
+    "smoke": [("neighbour", 2.0, 0.05, 0.0, 5e-5, 2)],
+}
+
+
+def point_name(objective: str, lam: float, margin: float, perturb_weight: float, lr: float,
+               steps: int) -> str:  # fmt: skip
+    """A file-name-safe, unique name for one sweep point."""
+    return f"{objective}_l{lam:g}_m{margin:g}_pw{perturb_weight:g}_lr{lr:g}_s{steps}"
+
+
+def point_overrides(objective: str, lam: float, margin: float, perturb_weight: float, lr: float,
+                    steps: int) -> list[str]:  # fmt: skip
+    """Config overrides (`--config.*`) that train one point."""
+    return [
+        f"--config.loss.objective={objective}",
+        f"--config.loss.lam={lam}",
+        f"--config.loss.margin={margin}",
+        f"--config.loss.perturb_weight={perturb_weight}",
+        f"--config.optim.lr={lr}",
+        f"--config.total_steps={steps}",
+    ]
+
+
+def scores(results: Mapping[str, Any]) -> dict[str, float]:
+    """Flat scores of one `caliber_jax.evaluate` results dict: D/M overall and per category,
+    and every FinanceBench metric (`fb/<metric>`)."""
+    flat = {}
+    for category, values in results.get("numgap", {}).items():
+        flat[f"D/{category}"] = values["D"]
+        flat[f"M/{category}"] = values["M"]
+    for metric, value in results.get("financebench", {}).items():
+        flat[f"fb/{metric}"] = value
+    return flat
+
+
+def pareto_front(points: Sequence[Mapping[str, Any]], *, x: str, y: str) -> list[str]:
+    """Names of the points no other point beats on both `x` and `y` (higher is better for both),
+    ordered by `x`. Ties on both keep every tied point."""
+    front = []
+    for point in points:
+        px, py = point["scores"][x], point["scores"][y]
+        dominated = any(
+            other["scores"][x] >= px
+            and other["scores"][y] >= py
+            and (other["scores"][x] > px or other["scores"][y] > py)
+            for other in points
+        )
+        if not dominated:
+            front.append(point)
+    return [point["name"] for point in sorted(front, key=lambda point: point["scores"][x])]
+
+
+def load_points(directory: Path) -> list[dict[str, Any]]:
+    """Every finished point JSON under `directory`, sorted by name."""
+    return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
+
+
+def summarise(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The summary: points sorted by NumGap-D, the Pareto front and the teacher reference."""
+    x, y = "D/overall", "fb/ndcg_at_10"
+    scored = [point for point in points if x in point["scores"] and y in point["scores"]]
+    teacher = next((point for point in scored if point["name"] == "teacher"), None)
+    return {
+        "x": x,
+        "y": y,
+        "teacher": teacher["scores"] if teacher else None,
+        "pareto": pareto_front(scored, x=x, y=y),
+        "points": sorted(scored, key=lambda point: -point["scores"][x]),
+    }
+
+
+def plot_pareto(summary: Mapping[str, Any], path: Path) -> Path:
+    """NumGap-D (dev) vs FinanceBench nDCG@10, one dot per point, the front joined by a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, y = summary["x"], summary["y"]
+    colours = {"teacher": "black", "caliber": "tab:blue", "absolute": "tab:orange",
+               "neighbour": "tab:green"}  # fmt: skip
+    figure, axes = plt.subplots(figsize=(7, 5))
+    for point in summary["points"]:
+        objective = point["params"].get("objective", "teacher")
+        axes.scatter(point["scores"][x], point["scores"][y], color=colours.get(objective, "grey"),
+                     label=objective)  # fmt: skip
+        axes.annotate(point["name"], (point["scores"][x], point["scores"][y]), fontsize=6)
+    front = [p for name in summary["pareto"] for p in summary["points"] if p["name"] == name]
+    axes.plot([p["scores"][x] for p in front], [p["scores"][y] for p in front], "k--", lw=0.8)
+    if summary["teacher"]:
+        axes.axhline(summary["teacher"][y], color="grey", lw=0.6, ls=":")
+    handles, labels = axes.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    axes.legend(unique.values(), unique.keys(), fontsize=8)
+    axes.set_xlabel("NumGap-D overall (dev, held-out documents)")
+    axes.set_ylabel("FinanceBench nDCG@10")
+    axes.set_title("Numeric objectives: all-MiniLM-L6-v2 calibrating itself")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+    return path
+
+
+def run(args: list[str], log: Path) -> float:
+    """Runs `python args...` in the repo, appending its output to `log`; returns wall seconds."""
+    start = time.perf_counter()
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(f"\n== {' '.join(args)}\n")
+        handle.flush()
+        subprocess.run([sys.executable, *args], cwd=REPO, check=True, stdout=handle,
+                       stderr=subprocess.STDOUT)  # fmt: skip
+    return round(time.perf_counter() - start, 1)
+
+
+def evaluate_model(model: str, label: str, numgap: Path, output: Path, common_eval: list[str],
+                   log: Path) -> tuple[dict[str, Any], float]:  # fmt: skip
+    """`caliber_jax.evaluate` on FinanceBench + one NumGap file; returns (results, seconds)."""
+    seconds = run(["-m", "caliber_jax.evaluate", f"--model={model}", f"--label={label}",
+                   "--tasks=financebench,numgap", f"--numgap={numgap}", f"--output={output}",
+                   *common_eval], log)  # fmt: skip
+    return json.loads(output.read_text()), seconds
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Writes JSON atomically (a killed sweep never leaves a half-written point)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    partial.replace(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="runs/sweep")
+    parser.add_argument("--config", default="configs/numeric.py")
+    parser.add_argument("--grid", default="screen", help=f"one of {sorted(GRIDS)}, or comma list")
+    parser.add_argument("--overrides", default="", help="extra --config.* flags, space separated")
+    parser.add_argument("--financebench", default=str(FINANCEBENCH))
+    parser.add_argument("--test", default="", help="comma list of finished points to also score "
+                        "on numgap_test.jsonl ('teacher' included)")  # fmt: skip
+    args = parser.parse_args()
+
+    out = Path(args.output).resolve()
+    log = out / "log.txt"
+    out.mkdir(parents=True, exist_ok=True)
+    common = [f"--config={REPO / args.config}", *args.overrides.split()]
+    data = Path(_config_value(common, "data.dir"))
+    if not data.is_absolute():
+        data = REPO / data
+    common.append(f"--config.data.dir={data}")
+    if not (data / "teacher_train" / "x").exists():
+        run(["-m", "caliber_jax.prepare", *common], log)
+        run(["-m", "caliber_jax.embed_teacher", *common], log)
+    teacher_dir = _config_value(common, "teacher.model_dir")
+    common_eval = [f"--financebench={Path(args.financebench).resolve()}"]
+    points_dir = out / "points"
+
+    grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
+    todo: list[tuple[str, tuple | None]] = [("teacher", None)]
+    todo += [(point_name(*point), point) for point in grid]
+    for name, point in todo:
+        path = points_dir / f"{name}.json"
+        if path.exists():
+            print(f"sweep: {name} done, skipped", flush=True)
+            continue
+        print(f"sweep: {name}", flush=True)
+        times: dict[str, float] = {}
+        params: dict[str, Any] = {}
+        model = teacher_dir
+        if point is not None:
+            objective, lam, margin, perturb_weight, lr, steps = point
+            params = dict(objective=objective, lam=lam, margin=margin,
+                          perturb_weight=perturb_weight, lr=lr, steps=steps)  # fmt: skip
+            workdir = out / "runs" / name
+            times["train"] = run(["-m", "caliber_jax.train", *common, *point_overrides(*point),
+                                  f"--workdir={workdir}"], log)  # fmt: skip
+            times["export"] = run(["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                   f"--output={workdir / 'hf'}"], log)  # fmt: skip
+            model = str(workdir / "hf")
+            params["train_summary"] = json.loads((workdir / "summary.json").read_text())
+        results, times["evaluate"] = evaluate_model(
+            model, name, data / "numgap_dev.jsonl", out / "results" / f"{name}.dev.json",
+            common_eval, log,
+        )  # fmt: skip
+        write_json(path, {"name": name, "model": model, "params": params,
+                          "scores": scores(results), "times": times})  # fmt: skip
+        summary = summarise(load_points(points_dir))
+        write_json(out / "summary.json", summary)
+        plot_pareto(summary, out / "pareto.png")
+
+    for name in filter(None, args.test.split(",")):
+        point = json.loads((points_dir / f"{name}.json").read_text())
+        target = out / "results" / f"{name}.test.json"
+        if not target.exists():
+            evaluate_model(point["model"], name, data / "numgap_test.jsonl", target, common_eval,
+                           log)  # fmt: skip
+        print(f"sweep: {name} test scores in {target}", flush=True)
+    summary = summarise(load_points(points_dir))
+    write_json(out / "summary.json", summary)
+    plot_pareto(summary, out / "pareto.png")
+    for point in summary["points"]:
+        s = point["scores"]
+        print(f"{point['name']:55s} D={s['D/overall']:.4f} nDCG@10={s['fb/ndcg_at_10']:.4f}")
+
+
+def _config_value(common: list[str], field: str) -> str:
+    """Resolves one config field the way the CLIs do (file + overrides)."""
+    code = (
+        "import sys; from absl import flags; from ml_collections import config_flags;"
+        "config_flags.DEFINE_config_file('config'); flags.FLAGS(sys.argv);"
+        f"print(flags.FLAGS.config.{field})"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *common], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+if __name__ == "__main__":
+    main()

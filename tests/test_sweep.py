@@ -1,0 +1,76 @@
+"""Tests for scripts/sweep.py: point names and overrides, score flattening, Pareto front, plot."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep", REPO / "scripts" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def point(name, d, ndcg, objective="neighbour"):
+    params = {} if name == "teacher" else {"objective": objective}
+    return {"name": name, "params": params, "scores": {"D/overall": d, "fb/ndcg_at_10": ndcg}}
+
+
+def test_point_name_and_overrides(sweep):
+    args = ("neighbour", 2.0, 0.05, 0.0, 5e-5, 200)
+    assert sweep.point_name(*args) == "neighbour_l2_m0.05_pw0_lr5e-05_s200"
+    assert sweep.point_overrides(*args) == [
+        "--config.loss.objective=neighbour", "--config.loss.lam=2.0",
+        "--config.loss.margin=0.05", "--config.loss.perturb_weight=0.0",
+        "--config.optim.lr=5e-05", "--config.total_steps=200",
+    ]  # fmt: skip
+    names = [sweep.point_name(*p) for grid in sweep.GRIDS.values() for p in grid]
+    assert len(names) == len(set(names)), "two grid points would share a result file"
+
+
+def test_scores_flatten_evaluate_results(sweep):
+    results = {
+        "financebench": {"ndcg_at_10": 0.5, "recall_at_100": 0.9},
+        "numgap": {"overall": {"D": 0.01, "M": -0.2, "n": 3}, "unit": {"D": 0.0, "M": -0.1}},
+        "label": "x",
+    }
+    assert sweep.scores(results) == {
+        "D/overall": 0.01, "M/overall": -0.2, "D/unit": 0.0, "M/unit": -0.1,
+        "fb/ndcg_at_10": 0.5, "fb/recall_at_100": 0.9,
+    }  # fmt: skip
+
+
+def test_pareto_front_by_hand(sweep):
+    points = [
+        point("teacher", 0.001, 0.55),
+        point("a", 0.010, 0.56),  # beats the teacher on both
+        point("b", 0.050, 0.50),  # more D, less nDCG: on the front
+        point("c", 0.040, 0.49),  # dominated by b
+        point("d", 0.050, 0.50),  # ties b exactly: kept too
+        point("e", 0.005, 0.56),  # dominated by a (same nDCG, less D)
+    ]
+    assert sweep.pareto_front(points, x="D/overall", y="fb/ndcg_at_10") in (
+        ["a", "b", "d"], ["a", "d", "b"],
+    )  # fmt: skip
+    summary = sweep.summarise(points + [{"name": "unscored", "params": {}, "scores": {}}])
+    assert summary["teacher"] == {"D/overall": 0.001, "fb/ndcg_at_10": 0.55}
+    assert [p["name"] for p in summary["points"]][:2] in (["b", "d"], ["d", "b"])
+    assert len(summary["points"]) == 6
+
+
+def test_points_round_trip_and_plot(sweep, tmp_path):
+    for p in (point("teacher", 0.001, 0.55), point("b", 0.05, 0.5, "absolute")):
+        sweep.write_json(tmp_path / "points" / f"{p['name']}.json", p)
+    loaded = sweep.load_points(tmp_path / "points")
+    assert [p["name"] for p in loaded] == ["b", "teacher"]
+    assert not list((tmp_path / "points").glob("*.tmp"))
+    summary = sweep.summarise(loaded)
+    assert json.loads(json.dumps(summary)) == summary
+    path = sweep.plot_pareto(summary, tmp_path / "pareto.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
