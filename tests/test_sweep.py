@@ -74,3 +74,23 @@ def test_points_round_trip_and_plot(sweep, tmp_path):
     assert json.loads(json.dumps(summary)) == summary
     path = sweep.plot_pareto(summary, tmp_path / "pareto.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibrate_and_numeric_configs():
+    """The calibrate configs: student = teacher at full depth, neighbour objective, neighbours
+    mined; the :caliber variant is eq. 4; configs/caliber.py keeps eq. 4 as the default."""
+    from configs import caliber, calibrate, numeric
+
+    for config in (calibrate.get_config(), numeric.get_config()):
+        assert config.model.init_dir == config.teacher.model_dir
+        assert config.model.num_layers is None
+        assert config.loss.objective == "neighbour" and config.prepare.neighbour_k > 0
+    eq4 = calibrate.get_config("caliber").loss
+    assert (eq4.objective, eq4.lam, eq4.perturb_weight) == ("caliber", 0.5, 1.0)
+    paper = caliber.get_config()
+    assert (paper.loss.objective, paper.loss.perturb_weight, paper.prepare.neighbour_k) == (
+        "caliber", 1.0, 0,
+    )  # fmt: skip
+    assert numeric.get_config().data.dir != calibrate.get_config().data.dir
+    with pytest.raises(ValueError, match="unknown variant"):
+        calibrate.get_config("nope")
