@@ -22,11 +22,7 @@ from absl import app, flags, logging
 # Errors that mean "your input or config is wrong" rather than "caliber_jax has a bug".
 USER_ERRORS = (
     ValueError,
-    FileNotFoundError,
-    FileExistsError,
-    NotADirectoryError,
-    IsADirectoryError,
-    PermissionError,
+    OSError,  # missing/unreadable files and directories, a config file that does not load
     KeyError,
     json.JSONDecodeError,
     FloatingPointError,
@@ -123,7 +119,8 @@ def format_error(error: BaseException) -> str:
         message = str(error.args[0])
     if isinstance(error, FileNotFoundError) and error.filename and error.filename not in message:
         message = f"{error.filename}: {error.strerror or 'not found'}"
-    return f"error: {message.strip() or type(error).__name__}"
+    message = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    return f"error: {message or type(error).__name__}"
 
 
 def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
@@ -149,7 +146,7 @@ def _configure() -> None:
         # Orbax and grain also log through Python's logging below absl's handler.
         import logging as std_logging
 
-        for name in ("absl", "orbax", "grain", "jax", "jax._src"):
+        for name in ("", "absl", "orbax", "grain", "jax", "bm25s"):
             std_logging.getLogger(name).setLevel(std_logging.WARNING)
     enable_compilation_cache(flags.FLAGS.compilation_cache)
     COMPILE_STATS.start()
@@ -167,14 +164,29 @@ def define_flags() -> None:
         flags.DEFINE_boolean("traceback", False, "Show Python tracebacks of input errors.")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing whose errors (unknown flag, bad value, config override typo) are one line.
+
+    ml_collections reports a mistyped `--config.a.b=...` as AttributeError/KeyError from inside
+    flag parsing, before `main` runs, so `guard` cannot see it.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        message = str(error)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        if "--traceback" in argv:
+            raise
+        detail = error.args[0] if error.args else error
+        message = f"command line: invalid config override or flag value: {detail}"
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
 def run(main: Callable[[list[str]], Any]) -> None:
     """`absl.app.run(main)` with the shared flags, quiet logs, cache, and one-line errors."""
     define_flags()
-    try:
-        app.run(guard(main))
-    except app.UsageError as error:  # raised by flag parsing before `main` runs
-        print(format_error(error), file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+    app.run(guard(main), flags_parser=parse_flags)
 
 
 def stage(message: str, started: float) -> None:

@@ -17,7 +17,8 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from caliber_jax import tokenization
+from caliber_jax import sharding, tokenization
+from caliber_jax.data import padding
 from caliber_jax.models import embedding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -29,10 +30,18 @@ def resolve_dtype(name: str) -> jnp.dtype:
     return DTYPES[name]
 
 
-def bucket_length(length: int) -> int:
-    """Smallest bucket >= length: multiples of 16 to 64, of 32 to 256, then of 64."""
-    step = 16 if length <= 64 else 32 if length <= 256 else 64
-    return max(16, -(-length // step) * step)
+# Encoding pads to the same short geometric ladder as training (`data/padding.py`): one compiled
+# program per rung, however many batches.
+BUCKET_MULTIPLE = 16
+BUCKET_GROWTH = 1.5
+
+
+def bucket_length(length: int, max_length: int = 512) -> int:
+    """Smallest rung >= length of the ladder 16, 32, 48, 80, 128, 192, 288, 432, ..., max_length."""
+    ladder = padding.bucket_lengths(
+        max(max_length, length), multiple=BUCKET_MULTIPLE, growth=BUCKET_GROWTH
+    )
+    return padding.bucket_for(length, ladder)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
@@ -45,12 +54,7 @@ def pad_batch(
     id_lists: Sequence[Sequence[int]], *, rows: int, length: int, pad_id: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Right-pads to `[rows, length]`; extra rows are all padding (mask 0)."""
-    ids = np.full((rows, length), pad_id, np.int32)
-    mask = np.zeros((rows, length), np.int32)
-    for row, seq in enumerate(id_lists):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
+    return padding.pad_rows(id_lists, rows=rows, length=length, pad_id=pad_id)
 
 
 def check_ids(seqs: Sequence[Sequence[int]], *, vocab_size: int) -> None:
@@ -61,6 +65,14 @@ def check_ids(seqs: Sequence[Sequence[int]], *, vocab_size: int) -> None:
             raise ValueError(
                 f"row {row}: token id {token} is outside the vocabulary (vocab_size={vocab_size})"
             )
+
+
+def cast_params(flat: dict[str, np.ndarray], param_dtype: str) -> dict[str, np.ndarray]:
+    """Matrices and tables (>= 2-D) to `param_dtype` on the host, one tensor at a time."""
+    target = resolve_dtype(param_dtype)
+    if target == jnp.float32:
+        return flat
+    return {k: v.astype(target) if v.ndim >= 2 else v for k, v in flat.items()}
 
 
 class Embedder:
@@ -74,6 +86,7 @@ class Embedder:
         tokenizer,
         *,
         max_length: int,
+        data_parallel: bool = False,
     ):
         self.spec = spec
         self.graphdef = graphdef
@@ -87,7 +100,19 @@ class Embedder:
                 f"tokenizer pad id {self.pad_id} is outside the vocabulary "
                 f"(vocab_size={spec.config.vocab_size})"
             )
-        self._embed = jax.jit(lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask))
+        self.mesh = None
+        forward = lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask)  # noqa: E731
+        if data_parallel and len(jax.local_devices()) > 1:
+            # Every local device encodes its share of each batch (params replicated): an 8B
+            # teacher keeps all GPUs of a node busy instead of one.
+            self.mesh = sharding.make_mesh(devices=jax.local_devices())
+            replicated, rows = sharding.replicated(self.mesh), sharding.batch_sharding(self.mesh)
+            self.params = jax.device_put(params, replicated)
+            self._embed = jax.jit(
+                forward, in_shardings=(replicated, rows, rows), out_shardings=rows
+            )
+        else:
+            self._embed = jax.jit(forward)
 
     @classmethod
     def from_pretrained(
@@ -99,6 +124,10 @@ class Embedder:
         out_dim: int | None = None,
         tokenizer_dir: str | os.PathLike | None = None,
         seed: int = 0,
+        *,
+        param_dtype: str = "float32",
+        attention: str = "xla",
+        data_parallel: bool = False,
     ) -> "Embedder":
         """Loads a local HF directory (config.json + safetensors + tokenizer files).
 
@@ -110,18 +139,31 @@ class Embedder:
             out_dim: add a W_out to this dimension when the directory has none (LEAF).
             tokenizer_dir: where the tokenizer files are, if not in `path`.
             seed: initialises a new W_out.
+            param_dtype: "bfloat16" stores the matrices and embedding tables in bfloat16 (half the
+                memory: an 8B teacher in 16 GB instead of 32); norms and biases stay float32.
+            attention: "xla" or "cudnn" (GPU, bfloat16; `layers.attention`).
+            data_parallel: split each batch over all local devices (params replicated).
         """
         path = Path(path)
         spec = embedding.read_spec(path, pooling=pooling, num_layers=num_layers, out_dim=out_dim)
-        flat = embedding.load_flat_params(path, spec, seed=seed)
-        graphdef, params = embedding.split_model(spec, flat, dtype=resolve_dtype(dtype))
+        flat = cast_params(embedding.load_flat_params(path, spec, seed=seed), param_dtype)
+        graphdef, params = embedding.split_model(
+            spec, flat, dtype=resolve_dtype(dtype), attention=attention
+        )
         tokenizer = tokenization.load_tokenizer(tokenizer_dir or path, required=False)
         if tokenizer is not None and len(tokenizer) > spec.config.vocab_size:
             raise ValueError(
                 f"{tokenizer_dir or path}: tokenizer has {len(tokenizer)} tokens but the model's "
                 f"vocab_size is {spec.config.vocab_size}"
             )
-        return cls(spec, graphdef, params, tokenizer, max_length=_max_length(path, spec))
+        return cls(
+            spec,
+            graphdef,
+            params,
+            tokenizer,
+            max_length=_max_length(path, spec),
+            data_parallel=data_parallel,
+        )
 
     @property
     def dim(self) -> int:
@@ -162,15 +204,19 @@ class Embedder:
         progress: bool = False,
     ) -> np.ndarray:
         """Already-tokenised input (no special tokens added) -> [n, d] float32 unit vectors."""
+        limit = max_length or self.max_length
         seqs = [list(s)[:max_length] if max_length else list(s) for s in token_id_lists]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("encode_ids: empty token sequence")
         check_ids(seqs, vocab_size=self.spec.config.vocab_size)
         out = np.zeros((len(seqs), self.dim), np.float32)
+        # Batch rows: a multiple of the devices the batch is split over.
+        devices = self.mesh.size if self.mesh is not None else 1
+        padded_rows = -(-batch_size // devices) * devices
         for rows in tqdm(length_batches([len(s) for s in seqs], batch_size), disable=not progress):
-            length = bucket_length(max(len(seqs[r]) for r in rows))
+            length = bucket_length(max(len(seqs[r]) for r in rows), limit)
             ids, mask = pad_batch(
-                [seqs[r] for r in rows], rows=batch_size, length=length, pad_id=self.pad_id
+                [seqs[r] for r in rows], rows=padded_rows, length=length, pad_id=self.pad_id
             )
             vecs = self._embed(self.params, ids, mask)
             out[rows] = np.asarray(vecs)[: len(rows)]

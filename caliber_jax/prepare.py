@@ -10,7 +10,6 @@ so the NumGap test set never overlaps training text. FinanceBench evaluation fil
 unless `prepare.include_eval_docs`.
 """
 
-import json
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
+from caliber_jax import cli
 from caliber_jax.data import corpus, numgap, perturb
 from caliber_jax.eval import numfine
 
@@ -226,12 +226,18 @@ def prepare_from_config(config) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    stats = prepare_from_config(flags.FLAGS.config)
-    print(json.dumps(stats, indent=2, sort_keys=True))
+    config = flags.FLAGS.config
+    stats = prepare_from_config(config)
+    # One summary line; everything else is in stats.json.
+    print(
+        f"prepare: {stats['documents']} documents -> {stats['passages']} passages "
+        f"({stats['perturbable_share']:.1%} perturbable); train {stats['train_passages']}, "
+        f"val {stats['val_passages']}; wrote {Path(config.data.dir) / 'stats.json'}"
+    )
 
 
 if __name__ == "__main__":
     # Defined only when run as a script, so that tests can import `prepare` freely.
     config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
     flags.mark_flag_as_required("config")
-    app.run(main)
+    cli.run(main)

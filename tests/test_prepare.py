@@ -125,7 +125,11 @@ def test_cli_reads_the_config_and_holds_out_whole_documents(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     stats = json.loads((tmp_path / "out" / "stats.json").read_text())
-    assert json.loads(result.stdout) == stats
+    assert result.stdout.strip().splitlines() == [
+        f"prepare: {stats['documents']} documents -> {stats['passages']} passages "
+        f"({stats['perturbable_share']:.1%} perturbable); train {stats['train_passages']}, "
+        f"val {stats['val_passages']}; wrote {tmp_path / 'out' / 'stats.json'}"
+    ]
     assert stats["passages"] == 18 and len(stats["heldout_documents"]) == 1
     train = corpus.load_jsonl(tmp_path / "out" / "train.jsonl")
     val = corpus.load_jsonl(tmp_path / "out" / "val.jsonl")

@@ -174,3 +174,34 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     lrs = [line["train/lr"] for line in lines if "train/lr" in line]
     # 4 micro-batches = 2 updates, warmup 1 update: lr 0, 0 (update 0), then 1e-3 (update 1).
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3], atol=1e-9)
+
+
+def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
+    """The persistent compilation cache: a relaunch reads every program instead of compiling."""
+    cache = f"--compilation_cache={tmp_path / 'xla'}"
+    first = train(data_dir, tmp_path / "first", cache, "--config.total_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = train(data_dir, tmp_path / "second", cache, "--config.total_steps=3")
+    assert second.returncode == 0, second.stderr[-3000:]
+    one = json.loads((tmp_path / "first" / "summary.json").read_text())
+    two = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert one["compile/compiled"] > 0 and one["compile/step_programs"] >= 1
+    assert two["compile/compiled"] == 0
+    assert two["compile/cache_hits"] == two["compile/programs"] == one["compile/programs"]
+    assert two["compile/step_programs"] == one["compile/step_programs"]
+    # The train log states it too.
+    assert "0 compiled," in second.stdout and "train-step shapes" in second.stdout
+
+
+def test_input_errors_are_one_line(data_dir, tmp_path):
+    missing = train(tmp_path / "nowhere", tmp_path / "run")
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nowhere' / 'train.jsonl'}: missing; run `python -m "
+        "caliber_jax.prepare` and `python -m caliber_jax.embed_teacher` with this config first"
+    ]
+    typo = train(data_dir, tmp_path / "typo", "--config.optim.lr=fast")
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert typo.stderr.strip().splitlines()[-1].startswith("error: flag --config.optim.lr=fast")
+    shown = train(tmp_path / "nowhere", tmp_path / "run", "--traceback")
+    assert shown.returncode != 0 and "Traceback" in shown.stderr

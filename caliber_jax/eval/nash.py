@@ -168,7 +168,7 @@ def token_embeddings(
     hidden_fn = _hidden_fn(embedder.graphdef)
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
     for rows in embedder_lib.length_batches([len(seq) for seq in ids], batch_size):
-        length = embedder_lib.bucket_length(max(len(ids[r]) for r in rows))
+        length = embedder_lib.bucket_length(max(len(ids[r]) for r in rows), embedder.max_length)
         batch_ids, batch_mask = embedder_lib.pad_batch(
             [ids[r] for r in rows], rows=batch_size, length=length, pad_id=embedder.pad_id
         )

@@ -121,7 +121,9 @@ class BertEmbeddings(nnx.Module):
 class BertLayer(nnx.Module):
     """Post-LN block. Names follow HF's `attention.self.query` etc. flattened one level."""
 
-    def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
+    ):
         d, f, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.query = _linear(d, d, dtype=dtype, rngs=rngs)
         self.key = _linear(d, d, dtype=dtype, rngs=rngs)
@@ -133,6 +135,7 @@ class BertLayer(nnx.Module):
         self.output_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
         self.num_heads = config.num_attention_heads
         self.activation = _ACTIVATIONS[config.hidden_act]
+        self.attention = attention
 
     def __call__(self, x_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
         b, t, _ = x_btd.shape
@@ -140,7 +143,9 @@ class BertLayer(nnx.Module):
         q_btnh = self.query(x_btd).reshape(heads)
         k_btnh = self.key(x_btd).reshape(heads)
         v_btnh = self.value(x_btd).reshape(heads)
-        out_btnh = layers.attention(q_btnh, k_btnh, v_btnh, attention_mask_bt, causal=False)
+        out_btnh = layers.attention(
+            q_btnh, k_btnh, v_btnh, attention_mask_bt, causal=False, implementation=self.attention
+        )
         x_btd = self.attention_layernorm(x_btd + self.attention_output(out_btnh.reshape(b, t, -1)))
         hidden_btf = self.activation(self.intermediate(x_btd))
         return self.output_layernorm(x_btd + self.output(hidden_btf))
@@ -150,14 +155,23 @@ class BertEncoder(nnx.Module):
     """Token ids [B, T] and mask [B, T] -> last hidden states [B, T, D]."""
 
     def __init__(
-        self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False
+        self,
+        config: BertConfig,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        remat: bool | str = False,
+        attention: str = "xla",
     ):
         self.config = config
         self.embeddings = BertEmbeddings(config, dtype=dtype, rngs=rngs)
         self.layer = nnx.List(
-            [BertLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_hidden_layers)]
+            [
+                BertLayer(config, dtype=dtype, rngs=rngs, attention=attention)
+                for _ in range(config.num_hidden_layers)
+            ]
         )
-        self.remat = remat
+        self.remat = layers.resolve_remat(remat)
 
     def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
         if input_ids_bt.shape[1] > self.config.max_position_embeddings:
@@ -165,7 +179,7 @@ class BertEncoder(nnx.Module):
                 f"sequence length {input_ids_bt.shape[1]} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
-        apply = nnx.remat(_apply_layer) if self.remat else _apply_layer
+        apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt))
         for layer in self.layer:
             x_btd = apply(layer, x_btd, attention_mask_bt)

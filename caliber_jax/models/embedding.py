@@ -33,11 +33,21 @@ class ModelSpec:
 class EmbeddingModel(nnx.Module):
     """Encoder + pooling + optional `dense` (W_out) + L2 normalisation."""
 
-    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        remat: bool | str = False,
+        attention: str = "xla",
+    ):
         if spec.pooling not in layers.POOLERS:
             raise ValueError(f"pooling={spec.pooling!r}, expected one of {sorted(layers.POOLERS)}")
         encoder_cls = hf.FAMILIES[spec.family][1]
-        self.encoder = encoder_cls(spec.config, dtype=dtype, rngs=rngs, remat=remat)
+        self.encoder = encoder_cls(
+            spec.config, dtype=dtype, rngs=rngs, remat=remat, attention=attention
+        )
         width = spec.config.width
         self.dense = nnx.data(None)
         if spec.out_dim is not None and spec.out_dim != width:
@@ -125,9 +135,19 @@ def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
     return conf
 
 
-def abstract_model(spec: ModelSpec, *, dtype: jnp.dtype, remat: bool = False) -> EmbeddingModel:
-    """The model's structure with `jax.ShapeDtypeStruct` leaves: no memory is allocated."""
-    return nnx.eval_shape(lambda: EmbeddingModel(spec, dtype=dtype, rngs=nnx.Rngs(0), remat=remat))
+def abstract_model(
+    spec: ModelSpec, *, dtype: jnp.dtype, remat: bool | str = False, attention: str = "xla"
+) -> EmbeddingModel:
+    """The model's structure with `jax.ShapeDtypeStruct` leaves: no memory is allocated.
+
+    `remat`: False/"none", True/"full" or "dots" (`layers.REMAT_POLICIES`), per layer.
+    `attention`: "xla" or "cudnn" (`layers.ATTENTION_IMPLEMENTATIONS`).
+    """
+    return nnx.eval_shape(
+        lambda: EmbeddingModel(
+            spec, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, attention=attention
+        )
+    )
 
 
 def load_flat_params(
@@ -171,10 +191,16 @@ def load_flat_params(
 
 
 def split_model(
-    spec: ModelSpec, flat: dict[str, np.ndarray], *, dtype: jnp.dtype, remat: bool = False
+    spec: ModelSpec,
+    flat: dict[str, np.ndarray],
+    *,
+    dtype: jnp.dtype,
+    remat: bool | str = False,
+    attention: str = "xla",
 ) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) for `spec` filled with `flat`; shapes are checked against the model."""
-    graphdef, state = nnx.split(abstract_model(spec, dtype=dtype, remat=remat), nnx.Param)
+    model = abstract_model(spec, dtype=dtype, remat=remat, attention=attention)
+    graphdef, state = nnx.split(model, nnx.Param)
     expected = hf.flatten(nnx.to_pure_dict(state))
     if missing := sorted(set(expected) - set(flat)):
         raise ValueError(f"parameters missing from the checkpoint: {missing[:5]}")

@@ -89,6 +89,11 @@ def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax
     return x_btnh * cos + rotated * sin
 
 
+# "xla": a boolean key mask, any padding, any backend. "cudnn": cuDNN's fused flash kernel (GPU,
+# bfloat16/float16) given per-row sequence lengths, so right-padded batches only (as ours are).
+ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
+
+
 def attention(
     q_btnh: jax.Array,
     k_bskh: jax.Array,
@@ -96,17 +101,59 @@ def attention(
     attention_mask_bs: jax.Array,
     *,
     causal: bool,
+    implementation: str = "xla",
 ) -> jax.Array:
     """Scaled dot-product attention over non-pad keys; grouped-query when K < N.
 
-    Uses `jax.nn.dot_product_attention`, which keeps the softmax in float32 and picks a fused
-    kernel where the backend has one.
+    Uses `jax.nn.dot_product_attention`, which keeps the softmax in float32. "cudnn" reads the
+    mask as right padding (`query_seq_lengths`/`key_value_seq_lengths` = its row sums); padded
+    query rows then come back as zeros, which pooling ignores.
 
     Returns:
         [B, T, N, H] in the dtype of q.
     """
+    if implementation == "cudnn":
+        lengths_b = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
+        return jax.nn.dot_product_attention(
+            q_btnh,
+            k_bskh,
+            v_bskh,
+            is_causal=causal,
+            query_seq_lengths=lengths_b,
+            key_value_seq_lengths=lengths_b,
+            implementation="cudnn",
+        )
+    if implementation != "xla":
+        raise ValueError(
+            f"attention={implementation!r}, expected one of {ATTENTION_IMPLEMENTATIONS}"
+        )
     key_mask = attention_mask_bs.astype(bool)[:, None, None, :]
     return jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, mask=key_mask, is_causal=causal)
+
+
+# Rematerialisation per layer: "none" keeps every activation, "full" recomputes the whole layer in
+# the backward pass, "dots" keeps only matmul outputs (no batch dims) and recomputes the rest.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def resolve_remat(remat: bool | str) -> str:
+    """Normalises `remat` (False/True are "none"/"full") and checks it."""
+    name = {False: "none", True: "full"}.get(remat, remat) if isinstance(remat, bool) else remat
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}, expected a bool or one of {sorted(REMAT_POLICIES)}")
+    return name
+
+
+def remat_layer(apply_fn, remat: bool | str):
+    """`apply_fn(layer, *args)` wrapped in `nnx.remat` with the named policy (or unchanged)."""
+    name = resolve_remat(remat)
+    if name == "none":
+        return apply_fn
+    return nnx.remat(apply_fn, policy=REMAT_POLICIES[name])
 
 
 def mean_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:

@@ -105,7 +105,9 @@ def _linear(d_in: int, d_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rn
 class Qwen3Attention(nnx.Module):
     """Grouped-query causal attention with per-head q/k RMSNorm (HF `Qwen3Attention`)."""
 
-    def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
+    ):
         n, k, h, d = (
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -120,6 +122,7 @@ class Qwen3Attention(nnx.Module):
         self.q_norm = layers.RMSNorm(h, eps=config.rms_norm_eps, dtype=dtype)
         self.k_norm = layers.RMSNorm(h, eps=config.rms_norm_eps, dtype=dtype)
         self.head_dim = h
+        self.attention = attention
 
     def __call__(self, x_btd, cos_bth, sin_bth, attention_mask_bt) -> jax.Array:
         b, t, _ = x_btd.shape
@@ -128,7 +131,9 @@ class Qwen3Attention(nnx.Module):
         v_btkh = self.v_proj(x_btd).reshape(b, t, -1, self.head_dim)
         q_btnh = layers.apply_rope(q_btnh, cos_bth, sin_bth)
         k_btkh = layers.apply_rope(k_btkh, cos_bth, sin_bth)
-        out_btnh = layers.attention(q_btnh, k_btkh, v_btkh, attention_mask_bt, causal=True)
+        out_btnh = layers.attention(
+            q_btnh, k_btkh, v_btkh, attention_mask_bt, causal=True, implementation=self.attention
+        )
         return self.o_proj(out_btnh.reshape(b, t, -1))
 
 
@@ -148,8 +153,10 @@ class Qwen3MLP(nnx.Module):
 class Qwen3DecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.self_attn = Qwen3Attention(config, dtype=dtype, rngs=rngs)
+    def __init__(
+        self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
+    ):
+        self.self_attn = Qwen3Attention(config, dtype=dtype, rngs=rngs, attention=attention)
         self.mlp = Qwen3MLP(config, dtype=dtype, rngs=rngs)
         eps = config.rms_norm_eps
         self.input_layernorm = layers.RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
@@ -166,7 +173,13 @@ class Qwen3Encoder(nnx.Module):
     """Token ids [B, T] and mask [B, T] -> final-norm hidden states [B, T, D]."""
 
     def __init__(
-        self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs, remat: bool = False
+        self,
+        config: Qwen3Config,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        remat: bool | str = False,
+        attention: str = "xla",
     ):
         self.config = config
         self.embed_tokens = nnx.Embed(
@@ -179,19 +192,19 @@ class Qwen3Encoder(nnx.Module):
         )
         self.layers = nnx.List(
             [
-                Qwen3DecoderLayer(config, dtype=dtype, rngs=rngs)
+                Qwen3DecoderLayer(config, dtype=dtype, rngs=rngs, attention=attention)
                 for _ in range(config.num_hidden_layers)
             ]
         )
         self.norm = layers.RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
-        self.remat = remat
+        self.remat = layers.resolve_remat(remat)
 
     def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
         positions_bt = layers.positions_from_mask(attention_mask_bt)
         cos_bth, sin_bth = layers.rope_cos_sin(
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
         )
-        apply = nnx.remat(_apply_layer) if self.remat else _apply_layer
+        apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embed_tokens(layers.mask_ids(input_ids_bt, attention_mask_bt))
         for layer in self.layers:
             x_btd = apply(layer, x_btd, cos_bth, sin_bth, attention_mask_bt)

@@ -1,0 +1,59 @@
+"""Padding to a small fixed set of bucket lengths, shared by the train loader and the encoders.
+
+Every distinct batch shape is one XLA program to compile (seconds on a CPU, minutes for a large
+model on a GPU), so sequences are padded to lengths from a short geometric ladder instead of to
+the longest row. No jax here: the loader and the benchmarks use it on the host.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def bucket_lengths(max_length: int, *, multiple: int, growth: float) -> tuple[int, ...]:
+    """The padded lengths a batch may take: `multiple`, then x `growth` rounded up, to max_length.
+
+    growth 1.5 with multiple 16 gives 16, 32, 48, 80, 128, 192, 288, 432, 512 (nine programs up to
+    512 tokens, at most a third of each padded row wasted); growth 1 gives every multiple.
+
+    Args:
+      max_length: the longest sequence; always the last bucket.
+      multiple: every bucket is a multiple of this (except a max_length that is not).
+      growth: ratio between consecutive buckets, >= 1.
+    """
+    if multiple < 1 or max_length < 1 or growth < 1:
+        raise ValueError(
+            f"need multiple >= 1, max_length >= 1, growth >= 1; got {multiple}, {max_length}, "
+            f"{growth}"
+        )
+    buckets = []
+    length = multiple
+    while length < max_length:
+        buckets.append(length)
+        length = max(length + multiple, -(-int(np.ceil(length * growth)) // multiple) * multiple)
+    buckets.append(max_length)
+    return tuple(buckets)
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= length (the last bucket caps longer inputs)."""
+    for bucket in buckets:
+        if bucket >= length:
+            return bucket
+    return buckets[-1]
+
+
+def pad_rows(
+    id_lists: Sequence[Sequence[int]], *, rows: int, length: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token id lists to `[rows, length]` int32 ids and mask; extra rows are padding."""
+    if len(id_lists) > rows:
+        raise ValueError(f"{len(id_lists)} sequences do not fit in {rows} rows")
+    ids = np.full((rows, length), pad_id, np.int32)
+    mask = np.zeros((rows, length), np.int32)
+    for row, seq in enumerate(id_lists):
+        if len(seq) > length:
+            raise ValueError(f"row {row}: {len(seq)} tokens do not fit in length {length}")
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask

@@ -1,0 +1,72 @@
+"""Embedder options for large teachers and long sequences: bfloat16 parameters, the batch split
+over local devices, attention implementations and per-layer rematerialisation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from caliber_jax import Embedder
+from caliber_jax.models import embedding, layers
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir, filing_passages):
+    """float32 parameters and compute on one device."""
+    texts = filing_passages[:40]
+    return texts, Embedder.from_pretrained(minilm_dir).encode(texts, batch_size=16)
+
+
+def test_data_parallel_float32_equals_one_device(minilm_dir, reference):
+    texts, expected = reference
+    assert len(jax.local_devices()) == 8  # tests/conftest.py: 8 simulated CPU devices
+    emb = Embedder.from_pretrained(minilm_dir, data_parallel=True)
+    assert emb.mesh is not None and emb.mesh.size == 8
+    # batch_size 12 is not a multiple of 8: the batch is padded to 16 rows, extra rows dropped.
+    np.testing.assert_allclose(emb.encode(texts, batch_size=12), expected, atol=1e-5)
+
+
+def test_bfloat16_parameters_data_parallel_close_to_float32(minilm_dir, reference):
+    texts, expected = reference
+    emb = Embedder.from_pretrained(
+        minilm_dir, dtype="bfloat16", param_dtype="bfloat16", data_parallel=True
+    )
+    kernel = emb.params["encoder"]["layer"][0]["query"]["kernel"]
+    norm = emb.params["encoder"]["layer"][0]["attention_layernorm"]["weight"]
+    assert kernel[...].dtype == jnp.bfloat16 and norm[...].dtype == jnp.float32
+    # Replicated over the 8 devices.
+    assert len(kernel[...].sharding.device_set) == 8
+    got = emb.encode(texts, batch_size=16)
+    cosines = np.sum(got * expected, axis=1)
+    assert cosines.min() >= 0.999, cosines.min()
+
+
+def test_unknown_attention_implementation_fails(minilm_dir):
+    with pytest.raises(ValueError, match="attention='flash'"):
+        Embedder.from_pretrained(minilm_dir, attention="flash").encode(["a b c"])
+
+
+@pytest.mark.parametrize("remat", ["full", "dots", True])
+def test_remat_policies_give_the_same_gradients(minilm_dir, remat):
+    spec = embedding.read_spec(minilm_dir, num_layers=2)
+    flat = embedding.load_flat_params(minilm_dir, spec)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 20000, size=(4, 24)).astype(np.int32)
+    mask = (np.arange(24)[None, :] < np.array([[24], [10], [3], [17]])).astype(np.int32)
+
+    def grads(remat_option):
+        graphdef, params = embedding.split_model(spec, flat, dtype=jnp.float32, remat=remat_option)
+
+        def loss(p):
+            return jnp.sum(nnx.merge(graphdef, p)(ids, mask)[:, :8])
+
+        return jax.tree.leaves(jax.jit(jax.grad(loss))(params))
+
+    for a, b in zip(grads("none"), grads(remat), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_remat_rejects_unknown_policy():
+    with pytest.raises(ValueError, match="remat='some'"):
+        layers.resolve_remat("some")
