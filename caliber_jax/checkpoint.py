@@ -2,6 +2,7 @@
 
 One composite checkpoint per saved step, written by Orbax's CheckpointManager (atomic: a step
 directory only appears once complete), keep-N, restored into an abstract state carrying shardings.
+Directories may be URLs (`gs://bucket/run/checkpoints`); Orbax handles them through epath.
 """
 
 import os
@@ -9,7 +10,10 @@ from typing import Any
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from caliber_jax import paths
 
 
 def make_manager(
@@ -26,9 +30,7 @@ def make_manager(
         "state": ocp.StandardCheckpointHandler(),
         "data_iter": grain.checkpoint.CheckpointHandler(),
     }
-    return ocp.CheckpointManager(
-        os.fspath(os.path.abspath(directory)), item_handlers=handlers, options=options
-    )
+    return ocp.CheckpointManager(paths.as_path(directory), item_handlers=handlers, options=options)
 
 
 def save(
@@ -72,15 +74,33 @@ def restore(
     return restored["state"], step
 
 
-def restore_params(directory: str | os.PathLike, *, step: int | None = None) -> tuple[Any, int]:
-    """Only the params of a saved TrainState, as host arrays. Returns (params, step)."""
-    with ocp.CheckpointManager(os.fspath(os.path.abspath(directory))) as manager:
+def restore_params(
+    directory: str | os.PathLike, *, step: int | None = None, device: jax.Device | None = None
+) -> tuple[Any, int]:
+    """Only the params of a saved TrainState, as host arrays. Returns (params, step).
+
+    Reads nothing else (no Adam moments) and places every array whole on one device (default: the
+    first local one) through explicit targets, so a checkpoint written by any number of processes
+    and devices restores in a single process.
+    """
+    directory = paths.as_path(directory)
+    with ocp.CheckpointManager(directory) as manager:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {directory}")
-        path = os.path.join(manager.directory, str(step), "state")
-    state = ocp.StandardCheckpointer().restore(path)
-    return jax.device_get(state["params"]), step
+        path = manager.directory / str(step) / "state"
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        metadata = checkpointer.metadata(path).item_metadata.tree
+        single = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
+        target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), metadata["params"])}
+        restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=single), target)
+        restored = checkpointer.restore(
+            path,
+            args=ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args, partial_restore=True
+            ),
+        )
+    return jax.device_get(restored["params"]), step
 
 
 def abstract_like(tree: Any) -> Any:

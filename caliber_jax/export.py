@@ -2,26 +2,34 @@
 
     python -m caliber_jax.export --workdir runs/caliber [--step N] --output runs/caliber/hf
 
-Restores only the params, applies the weight table in reverse, writes `model.safetensors`,
-`config.json`, the tokenizer files and the sentence-transformers modules (pooling, Dense W_out when
-present, Normalize), so `AutoModel` and `SentenceTransformer` load the student.
+Restores only the params (single-device targets, whatever topology wrote them), applies the weight
+table in reverse, writes `model.safetensors`, `config.json`, the tokenizer files and the
+sentence-transformers modules (pooling, Dense W_out when present, Normalize), so `AutoModel` and
+`SentenceTransformer` load the student. `--workdir` and `--output` may be URLs (gs://...).
 """
 
 import json
+import os
+import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import ml_collections
 from absl import flags
+from etils import epath
 
-from caliber_jax import checkpoint, cli, tokenization
+from caliber_jax import checkpoint, cli, paths, tokenization
 from caliber_jax.models import embedding, hf
 
 
-def export(workdir: str | Path, output: str | Path, *, step: int | None = None,
-           query_prompt: str | None = None) -> Path:  # fmt: skip
+def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
+           query_prompt: str | None = None) -> epath.Path:  # fmt: skip
     """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`."""
-    workdir = Path(workdir)
+    workdir, output = paths.as_path(workdir), paths.as_path(output)
+    if paths.is_remote(output):  # write locally, then copy the finished directory over
+        with tempfile.TemporaryDirectory() as local:
+            export(workdir, local, step=step, query_prompt=query_prompt)
+            _copy_tree(epath.Path(local), output)
+        return output
     config_path = workdir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: not a training workdir (no resolved config)")
@@ -46,8 +54,17 @@ def export(workdir: str | Path, output: str | Path, *, step: int | None = None,
         query_prompt=query_prompt,
         passthrough={k.removeprefix("bert."): v for k, v in passthrough.items()},
     )
-    hf.save_json({"workdir": str(workdir), "step": int(step)}, Path(output) / "caliber_export.json")
-    return Path(output)
+    hf.save_json({"workdir": str(workdir), "step": int(step)}, output / "caliber_export.json")
+    return output
+
+
+def _copy_tree(source: epath.Path, target: epath.Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for child in source.iterdir():
+        if child.is_dir():
+            _copy_tree(child, target / child.name)
+        else:
+            child.copy(target / child.name, overwrite=True)
 
 
 def main(argv: Sequence[str]) -> None:

@@ -4,7 +4,9 @@ One store holds one `[N, d]` matrix: row i is the teacher vector of text i. Trai
 with the same row order: one for the passages x and one for their perturbations pi(x), where an
 empty text ("" = no perturbation) gets a zero row. A store directory holds the zarr3 array
 (`zarr.json`, `c/`), a sidecar `metadata.json` and one empty `done/<chunk>` file per chunk whose
-write has finished, so a killed job resumes at the first unfinished chunk.
+write has finished, so a killed job resumes at the first unfinished chunk. Paths may be URLs
+(`gs://bucket/data/teacher_train/x`): every file goes through `etils.epath` and the array through
+a TensorStore kvstore URL.
 """
 
 import datetime
@@ -14,12 +16,14 @@ import os
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorstore as ts
 import tqdm
+from etils import epath
+
+from caliber_jax import paths
 
 # Caller metadata every store must carry; the store adds the layout fields itself.
 REQUIRED_METADATA = ("teacher", "pooling", "native_dim", "text_hash")
@@ -34,7 +38,7 @@ _DONE_DIR = "done"
 class TeacherStore:
     """An open store for writing: the zarr3 array, its directory and its metadata."""
 
-    def __init__(self, path: Path, array: ts.TensorStore, metadata: dict[str, Any]):
+    def __init__(self, path: epath.Path, array: ts.TensorStore, metadata: dict[str, Any]):
         self.path = path
         self.array = array
         self.metadata = metadata
@@ -106,7 +110,7 @@ def create_store(
     """Creates a store, or opens an existing one whose metadata matches.
 
     Args:
-      path: store directory (local filesystem).
+      path: store directory (a local path or a URL such as gs://bucket/dir).
       num_rows: N, one row per text.
       dim: d, stored width (after any MRL truncation).
       dtype: one of float32, float16, bfloat16 (readers always return float32).
@@ -120,7 +124,7 @@ def create_store(
     Raises:
       ValueError: bad arguments, or the store exists with a different field (named in the message).
     """
-    path = Path(path)
+    path = paths.as_path(path)
     missing = [key for key in REQUIRED_METADATA if key not in metadata]
     if missing:
         raise ValueError(f"{path}: metadata lacks required fields {missing}")
@@ -198,12 +202,12 @@ def pending_ranges(
     path: str | os.PathLike, process_index: int = 0, process_count: int = 1
 ) -> list[tuple[int, int]]:
     """Returns the `[start, stop)` row ranges this process still has to write (merged, sorted)."""
-    path = Path(path)
+    path = paths.as_path(path)
     metadata = _load_metadata(path)
     num_rows, chunk_rows = int(metadata["num_rows"]), int(metadata["chunk_rows"])
     first, last = process_rows(num_rows, chunk_rows, process_index, process_count)
     done_dir = path / _DONE_DIR
-    done = {int(name) for name in os.listdir(done_dir)} if done_dir.exists() else set()
+    done = {int(p.name) for p in done_dir.iterdir()} if done_dir.exists() else set()
     ranges: list[tuple[int, int]] = []
     for row in range(first, last, chunk_rows):
         if row // chunk_rows in done:
@@ -222,7 +226,7 @@ class TeacherReader:
     Pickles without the TensorStore handle; a copy reopens (and re-validates) on first read.
     """
 
-    def __init__(self, path: Path, metadata: dict[str, Any], expect: dict[str, Any]):
+    def __init__(self, path: epath.Path, metadata: dict[str, Any], expect: dict[str, Any]):
         self.path = path
         self.metadata = metadata
         self._expect = expect
@@ -265,7 +269,7 @@ def open_reader(
       ValueError: naming the path, field, expected and found values, when row count, dim, dtype
         or text hash differ, or when chunks are still unwritten.
     """
-    path = Path(path)
+    path = paths.as_path(path)
     expect = {"expect_rows": expect_rows, "expect_dim": expect_dim, "expect_hash": expect_hash}
     metadata, _ = _open_validated(path, **expect)
     return TeacherReader(path, metadata, expect)
@@ -406,12 +410,12 @@ def _create_for_texts(path, texts, *, dim, dtype, chunk_rows, metadata) -> Teach
     )
 
 
-def _array_spec(path: Path, num_rows: int, dim: int, dtype: str, chunk_rows: int) -> dict:
+def _array_spec(path: epath.Path, num_rows: int, dim: int, dtype: str, chunk_rows: int) -> dict:
     # Each write chunk is one shard file holding single-row inner chunks, so whole-chunk writes
     # are one file each while random row reads fetch only the rows they need.
     return {
         "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": str(path)},
+        "kvstore": paths.kvstore_spec(path),
         "metadata": {
             "shape": [num_rows, dim],
             "data_type": dtype,
@@ -434,32 +438,29 @@ def _array_spec(path: Path, num_rows: int, dim: int, dtype: str, chunk_rows: int
     }
 
 
-def _load_metadata(path: Path) -> dict[str, Any]:
-    metadata_path = Path(path) / _METADATA_FILE
+def _load_metadata(path: epath.Path) -> dict[str, Any]:
+    metadata_path = path / _METADATA_FILE
     if not metadata_path.exists():
         raise ValueError(f"{path}: not a teacher store ({_METADATA_FILE} missing)")
-    with open(metadata_path, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads(metadata_path.read_text(encoding="utf-8"))
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _write_json_atomic(path: epath.Path, data: dict[str, Any]) -> None:
+    # Write-then-rename: a reader never sees half a file (a rename on a local disk is atomic).
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
 
 
 def _open_store(path: str | os.PathLike) -> TeacherStore:
-    path = Path(path)
+    path = paths.as_path(path)
     metadata = _load_metadata(path)
-    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+    spec = {"driver": "zarr3", "kvstore": paths.kvstore_spec(path)}
     return TeacherStore(path, ts.open(spec, open=True).result(), metadata)
 
 
 def _open_validated(
-    path: Path, *, expect_rows: int, expect_dim: int, expect_hash: str | None
+    path: epath.Path, *, expect_rows: int, expect_dim: int, expect_hash: str | None
 ) -> tuple[dict[str, Any], ts.TensorStore]:
     store = _open_store(path)
     found = store.metadata
