@@ -1,10 +1,11 @@
-"""Shared pieces of the throughput benchmarks: real passage lengths, batches, FLOP counts, peak
-FLOP/s, timing, and the PyTorch reference models built from the same weights.
+"""Shared pieces of the benchmarks: the CPU's flags, real passages and a loader source over them,
+FLOP counts, peak FLOP/s, and the PyTorch reference models built from the same weights.
 
 Legend: B batch, T tokens, D model width, L layers, N query heads, H head dim.
 """
 
 import dataclasses
+import importlib.util
 import itertools
 import os
 import time
@@ -13,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from caliber_jax import tokenization
-from caliber_jax.data import corpus, perturb, pipeline
+from caliber_jax.data import corpus, perturb, pipeline, teacher
 from caliber_jax.models import embedding, hf, qwen3
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,42 +61,53 @@ def minilm_dir() -> Path:
     return path
 
 
+def load_config(path: str | os.PathLike):
+    """`get_config()` of a config file, relative to the repo root unless absolute.
+
+    Read without absl flags, so benchmark modules stay importable next to the entry points.
+    """
+    path = REPO_ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such config file")
+    module_spec = importlib.util.spec_from_file_location(f"_bench_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU model, its logical core count and its vector flags (avx*, fma, amx*) in one line.
+
+    Throughput ratios differ between AVX2-only and AVX-512 machines, so every CPU figure names
+    them. Without /proc/cpuinfo (macOS), the platform's processor string.
+    """
+    path = Path(cpuinfo)
+    if not path.is_file():
+        import platform
+
+        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    model, flags = "unknown", []
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = [f for f in value.split() if f.startswith(("avx", "fma", "amx"))]
+    avx512 = "" if any(f.startswith("avx512") for f in flags) else " (no avx512)"
+    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(sorted(flags))}{avx512}"
+
+
 # ----------------------------------------------------------------------------- data
 
 
-@dataclasses.dataclass(frozen=True)
-class Passages:
-    """Token ids of sampled passages and of a perturbation of each (None where none applies)."""
-
-    ids: list[list[int]]
-    pert_ids: list[list[int] | None]
-    empty_ids: list[int]  # tokenization of "": what the pipeline feeds for rows without pi(x)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([len(row) for row in self.ids])
-
-    @property
-    def pert_lengths(self) -> np.ndarray:
-        return np.array([len(p if p is not None else self.empty_ids) for p in self.pert_ids])
-
-
-def load_passages(
-    filings: str | os.PathLike,
-    tokenizer,
-    *,
-    count: int,
-    max_length: int,
-    record_stride: int,
-    seed: int,
-    perturbations: bool = True,
-) -> Passages:
-    """Samples `count` real passages and tokenizes them and their perturbation, where one fires.
+def sample_texts(
+    filings: str | os.PathLike, *, count: int, record_stride: int, seed: int
+) -> list[str]:
+    """`count` real passages, sampled with `seed` from every `record_stride`-th filing.
 
     Filings are cut into passages by `corpus.make_passages` (the training corpus recipe, eval
-    filings excluded); every `record_stride`-th filing is read so that all companies and filing
-    types show up without cutting all 136 M characters. pi(x) is `perturb.perturb_any` (skipped,
-    all None, when `perturbations` is false).
+    filings excluded); reading every k-th filing shows all companies and filing types without
+    cutting all 136 M characters.
     """
     if not Path(filings).is_file():
         raise FileNotFoundError(f"{filings}: no filings file; pass --filings PATH/filings.jsonl.gz")
@@ -105,172 +116,104 @@ def load_passages(
     if len(texts) < count:
         raise ValueError(f"{filings}: only {len(texts)} passages with stride {record_stride}")
     rng = np.random.default_rng(seed)
-    texts = [texts[i] for i in rng.choice(len(texts), count, replace=False)]
-    found = [
-        perturb.perturb_any(text, seed=seed + row) if perturbations else None
-        for row, text in enumerate(texts)
-    ]
-    pert_rows = [row for row, pair in enumerate(found) if pair is not None]
-    ids = tokenization.tokenize(tokenizer, texts, max_length=max_length)
-    pert_texts = [found[row][1] for row in pert_rows]
-    pert_tok = (
-        tokenization.tokenize(tokenizer, pert_texts, max_length=max_length) if pert_texts else []
-    )
-    pert_ids: list[list[int] | None] = [None] * count
-    for row, tokens in zip(pert_rows, pert_tok, strict=True):
-        pert_ids[row] = tokens
-    empty = tokenization.tokenize(tokenizer, [""], max_length=max_length)[0]
-    return Passages(ids=ids, pert_ids=pert_ids, empty_ids=empty)
+    return [texts[i] for i in rng.choice(len(texts), count, replace=False)]
 
 
-def fixed_passages(*, count: int, length: int, vocab: int, empty_ids: list[int], seed: int):
-    """`count` random-token passages of exactly `length` tokens; pi(x) changes the last token."""
+def choose_perturbations(texts: Sequence[str], *, share: float, seed: int) -> list[str]:
+    """pi(x) (`perturb.perturb_any`) for a seeded `share` of all rows, "" for the others.
+
+    The rows are drawn among those a rule fires on (fewer if too few do), so that the share of
+    rows carrying a pi(x) is the paper's ~40% whatever the corpus's perturbable share.
+    """
+    found = [perturb.perturb_any(text, seed=seed + row) for row, text in enumerate(texts)]
+    candidates = [row for row, pair in enumerate(found) if pair is not None]
     rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, vocab, (count, length)).tolist()
-    pert_ids = [[*row[:-1], int(rng.integers(1000, vocab))] for row in ids]
-    return Passages(ids=ids, pert_ids=pert_ids, empty_ids=empty_ids)
+    chosen = rng.permutation(candidates)[: round(share * len(texts))]
+    perturbed = [""] * len(texts)
+    for row in chosen:
+        perturbed[row] = found[row][1]
+    return perturbed
 
 
-def choose_perturbed(passages: Passages, rows: np.ndarray, *, count: int, seed: int) -> np.ndarray:
-    """[B] bool: `count` rows of the batch, among those with a pi(x), that carry it.
-
-    Fewer when fewer rows of the batch admit a perturbation (short passages without numbers).
-    """
-    candidates = np.flatnonzero([passages.pert_ids[r] is not None for r in rows])
-    chosen = np.random.default_rng(seed).permutation(candidates)[:count]
-    has_pert = np.zeros(len(rows), bool)
-    has_pert[chosen] = True
-    return has_pert
-
-
-def epoch_batches(passages: Passages, *, batch_size: int, window: int, seed: int) -> np.ndarray:
-    """[num_batches, B] row indices cut exactly as the training pipeline cuts an epoch.
-
-    `pipeline.make_epoch_batches`: seeded shuffle, windows of `window` batches sorted by
-    max(len x, len pi(x)), batches in shuffled order.
-    """
-    return pipeline.make_epoch_batches(
-        np.maximum(passages.lengths, passages.pert_lengths),
-        batch_size=batch_size,
-        seed=seed,
-        epoch=0,
-        shuffle=True,
-        length_group_window=window,
-        drop_remainder=True,
-    )
-
-
-def stratified_batches(
-    passages: Passages, plan: np.ndarray, *, num_batches: int
-) -> list[np.ndarray]:
-    """`num_batches` batches of `plan` at evenly spaced quantiles of their real token count.
-
-    A handful of timed batches stands for the whole epoch: with the batches sorted by the real
-    tokens of their x, the one `(i + 0.5) / num_batches` of the way through is taken for each i,
-    so short and long batches are represented in proportion.
-    """
-    if len(plan) < num_batches:
-        raise ValueError(f"{len(passages.ids)} passages give {len(plan)} < {num_batches} batches")
-    tokens = passages.lengths[plan].sum(axis=1)
-    order = np.argsort(tokens, kind="stable")
-    return [plan[order[int((i + 0.5) * len(order) / num_batches)]] for i in range(num_batches)]
-
-
-def pad_rows(
-    rows: Sequence[Sequence[int]], *, length: int, pad_id: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token lists to `[len(rows), length]` int32 ids and mask."""
-    ids = np.full((len(rows), length), pad_id, np.int32)
-    mask = np.zeros((len(rows), length), np.int32)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
-def round_up(length: int, multiple: int, cap: int) -> int:
-    return min(cap, -(-length // multiple) * multiple)
-
-
-def teacher_vectors(rows: int, dim: int, has_pert: np.ndarray, seed: int):
-    """Random unit teacher vectors t(x) and nearby t(pi x) (zero where no perturbation)."""
-    rng = np.random.default_rng(seed)
-    t_x = rng.standard_normal((rows, dim)).astype(np.float32)
-    t_x /= np.linalg.norm(t_x, axis=-1, keepdims=True)
-    t_px = t_x + 0.05 * rng.standard_normal((rows, dim)).astype(np.float32)
-    t_px /= np.linalg.norm(t_px, axis=-1, keepdims=True)
-    t_px[~has_pert] = 0.0
-    return t_x, t_px
-
-
-def pipeline_batch(
-    passages: Passages,
-    rows: np.ndarray,
-    has_pert: np.ndarray,
+def write_source(
+    directory: str | os.PathLike,
+    texts: Sequence[str],
+    perturbed: Sequence[str],
     *,
-    pad_id: int,
-    multiple: int,
-    max_length: int,
     dim: int,
     seed: int,
-) -> dict[str, np.ndarray]:
-    """The numpy batch `pipeline.make_loader` yields for these rows (see its docstring)."""
-    x = [passages.ids[r] for r in rows]
-    px = [
-        passages.pert_ids[r] if p else passages.empty_ids
-        for r, p in zip(rows, has_pert, strict=True)
-    ]
-    length = round_up(max(map(len, x)), multiple, max_length)
-    pert_length = round_up(max(map(len, px)), multiple, max_length)
-    input_ids, attention_mask = pad_rows(x, length=length, pad_id=pad_id)
-    pert_input_ids, pert_attention_mask = pad_rows(px, length=pert_length, pad_id=pad_id)
-    teacher_x, teacher_px = teacher_vectors(len(rows), dim, has_pert, seed)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "pert_input_ids": pert_input_ids,
-        "pert_attention_mask": pert_attention_mask,
-        "has_pert": has_pert,
-        "teacher_x": teacher_x,
-        "teacher_px": teacher_px,
-        "index": np.asarray(rows, np.int64),
-        "weight": np.ones(len(rows), np.float32),
-    }
+) -> pipeline.TrainSource:
+    """A `pipeline.TrainSource` over these rows, written to `directory`, for the real loader.
 
-
-def compact_batch(
-    batch: dict[str, np.ndarray], *, rows_multiple: int, multiple: int, max_length: int, pad_id: int
-) -> dict[str, np.ndarray]:
-    """The "compact" layout of a pipeline batch: only the P perturbed rows of pi(x) are kept.
-
-    P = the count of perturbed rows rounded up to `rows_multiple` (a few static shapes), T' =
-    their longest length rounded up to `multiple`. `pert_index` [P] gives each row's x row, B for
-    padding rows (dropped by the step's scatter); padding rows repeat a real row's first token so
-    that no row is empty. teacher_px stays [B, d].
+    Teacher vectors are random unit vectors t(x) and nearby t(pi x) (0 where no pi(x)): the
+    benchmark times the step, whose cost does not depend on their values.
     """
-    rows = batch["input_ids"].shape[0]
-    pert = np.flatnonzero(batch["has_pert"])
-    count = min(rows, max(rows_multiple, -(-len(pert) // rows_multiple) * rows_multiple))
-    lengths = batch["pert_attention_mask"][pert].sum(axis=1)
-    length = round_up(int(lengths.max()) if len(pert) else 1, multiple, max_length)
-    ids = np.full((count, length), pad_id, np.int32)
-    mask = np.zeros((count, length), np.int32)
-    ids[: len(pert)] = batch["pert_input_ids"][pert, :length]
-    mask[: len(pert)] = batch["pert_attention_mask"][pert, :length]
-    ids[len(pert) :, 0] = batch["input_ids"][0, 0]
-    mask[len(pert) :, 0] = 1
-    index = np.full((count,), rows, np.int32)
-    index[: len(pert)] = pert
-    return {**batch, "pert_input_ids": ids, "pert_attention_mask": mask, "pert_index": index}
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    passages = directory / "train.jsonl"
+    corpus.save_jsonl(
+        passages,
+        (
+            {"id": str(row), "text": text, "perturbed": pert or None}
+            for row, (text, pert) in enumerate(zip(texts, perturbed, strict=True))
+        ),
+    )
+    rng = np.random.default_rng(seed)
+    t_x = rng.standard_normal((len(texts), dim)).astype(np.float32)
+    t_x /= np.linalg.norm(t_x, axis=-1, keepdims=True)
+    t_px = t_x + 0.05 * rng.standard_normal(t_x.shape).astype(np.float32)
+    t_px /= np.linalg.norm(t_px, axis=-1, keepdims=True)
+    t_px[[not pert for pert in perturbed]] = 0.0
+    for name, rows, vectors in (("x", texts, t_x), ("px", perturbed, t_px)):
+        metadata = {
+            "teacher": "random",
+            "pooling": "mean",
+            "native_dim": dim,
+            "text_hash": teacher.text_hash(rows),
+        }
+        store = teacher.create_store(
+            directory / name, num_rows=len(rows), dim=dim, chunk_rows=len(rows), metadata=metadata
+        )
+        teacher.write_rows(store, 0, vectors)
+    return pipeline.TrainSource(
+        passages, teacher_x_path=directory / "x", teacher_px_path=directory / "px", dim=dim
+    )
+
+
+def stratified_picks(tokens: Sequence[int], *, num_batches: int) -> list[int]:
+    """Positions of `num_batches` batches at evenly spaced quantiles of their token count.
+
+    A handful of timed batches stands for the whole epoch: with the batches sorted by `tokens`
+    (real tokens of each batch), the one `(i + 0.5) / num_batches` of the way through is taken
+    for each i, so short and long batches are represented in proportion.
+    """
+    if len(tokens) < num_batches:
+        raise ValueError(f"an epoch of {len(tokens)} batches has fewer than {num_batches}")
+    order = np.argsort(np.asarray(tokens), kind="stable")
+    return [int(order[int((i + 0.5) * len(order) / num_batches)]) for i in range(num_batches)]
+
+
+def pert_rows(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of pi(x) in `pert_input_ids` that are real, the x row of each) for either layout.
+
+    The loader's default layout holds a pi(x) row per x (`has_pert` says which are real); the
+    compact one (`pert_rows_multiple`) holds only the perturbed rows, `pert_index` naming each
+    one's x row and B on padding rows.
+    """
+    if "pert_index" in batch:
+        real = np.flatnonzero(batch["pert_index"] < len(batch["input_ids"]))
+        return real, batch["pert_index"][real].astype(np.int64)
+    rows = np.flatnonzero(batch["has_pert"])
+    return rows, rows
 
 
 def real_lengths(batch: dict[str, np.ndarray]) -> list[int]:
     """Non-pad token counts of every sequence the step must encode: each x, each real pi(x)."""
-    x = batch["attention_mask"].sum(axis=1).tolist()
-    if "pert_index" in batch:
-        real = batch["pert_index"] < len(x)
-        return x + batch["pert_attention_mask"][real].sum(axis=1).tolist()
-    return x + batch["pert_attention_mask"][batch["has_pert"]].sum(axis=1).tolist()
+    rows, _ = pert_rows(batch)
+    return (
+        batch["attention_mask"].sum(axis=1).tolist()
+        + batch["pert_attention_mask"][rows].sum(axis=1).tolist()
+    )
 
 
 # ----------------------------------------------------------------------------- models
@@ -333,20 +276,23 @@ def random_qwen3(config: qwen3.Qwen3Config, *, seed: int) -> Student:
     return Student(spec=spec, flat=flat)
 
 
-def random_model(spec: embedding.ModelSpec, *, dtype, seed: int):
+def random_model(spec: embedding.ModelSpec, *, dtype, seed: int, attention: str = "xla"):
     """(graphdef, params) of a freshly initialised `EmbeddingModel`, created on the device.
 
     For shapes too large to build on the host first (the 8B teacher); float32 params as always.
+    `attention` as `embedding.split_model`.
     """
     import jax
     from flax import nnx
 
-    abstract = embedding.abstract_model(spec, dtype=dtype)
+    abstract = embedding.abstract_model(spec, dtype=dtype, attention=attention)
     graphdef, _ = nnx.split(abstract, nnx.Param)
 
     @jax.jit
     def init():
-        model = embedding.EmbeddingModel(spec, dtype=dtype, rngs=nnx.Rngs(seed))
+        model = embedding.EmbeddingModel(
+            spec, dtype=dtype, rngs=nnx.Rngs(seed), attention=attention
+        )
         return nnx.state(model, nnx.Param)
 
     return graphdef, init()
@@ -393,42 +339,6 @@ def torch_random_qwen3(config: qwen3.Qwen3Config, *, device: str):
         return transformers.Qwen3Model._from_config(
             hf_config, attn_implementation="sdpa", dtype=torch.bfloat16
         )
-
-
-def cudnn_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool):
-    """`layers.attention` through cuDNN's fused flash kernel (GPU, bf16/fp16 only).
-
-    The key mask becomes per-row sequence lengths, exact for right-padded batches (the pipeline
-    and the `Embedder` right-pad). Query rows past a row's length come back as zeros instead of
-    attending to the real keys; the poolers ignore those rows either way.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    lengths = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
-    return jax.nn.dot_product_attention(
-        q_btnh,
-        k_bskh,
-        v_bskh,
-        is_causal=causal,
-        query_seq_lengths=lengths,
-        key_value_seq_lengths=lengths,
-        implementation="cudnn",
-    )
-
-
-def use_attention(name: str) -> None:
-    """Switches the encoders' attention: "xla" (the library's) or "cudnn" (`cudnn_attention`).
-
-    An experiment switch for the benchmarks only: the models look `layers.attention` up when
-    traced, so replacing it here changes every step compiled afterwards.
-    """
-    from caliber_jax.models import layers
-
-    if name == "cudnn":
-        layers.attention = cudnn_attention
-    elif name != "xla":
-        raise ValueError(f"attention={name!r}: expected 'xla' or 'cudnn'")
 
 
 # ----------------------------------------------------------------------------- FLOPs and timing

@@ -36,6 +36,7 @@ from flax import nnx  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from caliber_jax import embedder, tokenization  # noqa: E402
+from caliber_jax.data import padding  # noqa: E402
 from caliber_jax.models import embedding, hf  # noqa: E402
 
 PRESETS = {
@@ -81,8 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--jax-attention",
         choices=("xla", "cudnn"),
         default="xla",
-        help="xla: the library's jax.nn.dot_product_attention (XLA); cudnn: its fused cuDNN "
-        "kernel with sequence lengths (GPU + bf16 only, an experiment switch)",
+        help="the models' `attention=` option: xla (jax.nn.dot_product_attention) or cudnn "
+        "(its fused cuDNN kernel with sequence lengths; GPU + bf16 only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -98,7 +99,9 @@ def build_models(args):
     if args.model == "minilm":
         student = common.load_minilm(num_layers=args.num_layers)
         spec = student.spec
-        graphdef, params = embedding.split_model(spec, student.flat, dtype=dtype)
+        graphdef, params = embedding.split_model(
+            spec, student.flat, dtype=dtype, attention=args.jax_attention
+        )
         tokenizer = tokenization.load_tokenizer(common.minilm_dir())
         make_torch = lambda device: common.torch_model(student, device=device)  # noqa: E731
     else:
@@ -106,7 +109,9 @@ def build_models(args):
         if args.num_layers:
             config = dataclasses.replace(config, num_hidden_layers=args.num_layers)
         spec = embedding.ModelSpec("qwen3", config, "mean", None, config.to_hf())
-        graphdef, params = common.random_model(spec, dtype=dtype, seed=args.seed)
+        graphdef, params = common.random_model(
+            spec, dtype=dtype, seed=args.seed, attention=args.jax_attention
+        )
         tokenizer = tokenization.build_qwen3_tokenizer()
         make_torch = lambda device: common.torch_random_qwen3(config, device=device)  # noqa: E731
     # No tokenizer object: both sides get the same token ids; the pad id is the config's.
@@ -139,8 +144,8 @@ class TorchEncoder:
         with torch.inference_mode():
             for rows in embedder.length_batches([len(s) for s in seqs], self.batch_size):
                 length = max(len(seqs[r]) for r in rows)
-                ids, mask = common.pad_rows(
-                    [seqs[r] for r in rows], length=length, pad_id=self.pad_id
+                ids, mask = padding.pad_rows(
+                    [seqs[r] for r in rows], rows=len(rows), length=length, pad_id=self.pad_id
                 )
                 ids = torch.from_numpy(ids).to(self.device)
                 mask = torch.from_numpy(mask).to(self.device)
@@ -182,19 +187,14 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.compile_cache:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
-    common.use_attention(args.jax_attention)
+    print(f"cpu={common.cpu_description()}")
+    print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     clock = time.perf_counter()
     spec, model, make_torch, tokenizer = build_models(args)
-    passages = common.load_passages(
-        args.filings,
-        tokenizer,
-        count=args.passages,
-        max_length=args.max_length,
-        record_stride=args.record_stride,
-        seed=args.seed,
-        perturbations=False,
+    texts = common.sample_texts(
+        args.filings, count=args.passages, record_stride=args.record_stride, seed=args.seed
     )
-    seqs = passages.ids
+    seqs = tokenization.tokenize(tokenizer, texts, max_length=args.max_length)
     lengths = [len(s) for s in seqs]
     device = jax.devices()[0]
     peak, peak_source = common.peak_flops(device, dtype=args.dtype)

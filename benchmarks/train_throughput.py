@@ -3,22 +3,25 @@
     python benchmarks/train_throughput.py --preset cpu-minilm        # this CPU box, < 1 minute
     python benchmarks/train_throughput.py --preset gpu-qwen3-0.6b    # one H100 / H200
 
-Both frameworks get the same batches and the same weights. Batches are cut from real filings
-passages by the training pipeline's own length grouping (`pipeline.make_epoch_batches`), and a few
-of them, taken at evenly spaced quantiles of their token count, stand for the epoch. JAX runs
-`step.train_step` jitted as `train.py` jits it (state donated), on the pipeline's batch layout:
-x and pi(x) padded to a multiple of 16 and encoded in one stacked forward, with a pi(x) row for
-every x ("stacked") or for the perturbed rows only ("compact", where step.py supports it, see
-`step.BATCH_LAYOUTS`). PyTorch is the authors' recipe as one writes it in PyTorch: transformers'
-model with SDPA attention, a forward over x padded to the batch max, a second forward over only
-the perturbed rows, the same loss (eq. 4), gradient clipping, fused AdamW, bf16 autocast on GPU.
+Both frameworks get the same batches and the same weights. Batches come from the training
+pipeline itself: real filings passages (a seeded share of them with a pi(x)) and random teacher
+vectors are written as a `pipeline.TrainSource`, and `pipeline.make_loader` cuts, tokenizes and pads
+one epoch with the data settings of the preset's config (`configs/demo.py` on CPU, `configs/
+caliber.py` on GPU: bucket ladder, length grouping, compact pi(x) rows); a few batches, taken at
+evenly spaced quantiles of their token count, stand for the epoch. JAX runs `step.train_step`
+jitted as `train.py` jits it (state donated) with the config's loss and optimizer; attention is
+the library's `attention=` option. PyTorch is the authors' recipe as one writes it in PyTorch
+(`benchmarks/torch_reference.py`): transformers' model with SDPA attention, a forward over x
+padded to the batch max, a second forward over only the perturbed rows, the same loss (eq. 4),
+gradient clipping, fused AdamW, bf16 autocast on GPU.
 
 Timing: a warm-up step per framework (the JAX step compiles every shape in a background thread
 meanwhile), then rounds over the batches in which the two frameworks alternate step by step, so
 both see the same machine load; every step is synchronised. A framework's time for a batch is the
 median over rounds, and its throughput is rows over the sum of those medians. Rounds stop at
-`--repeats`, or earlier once `--time-budget-s` would be exceeded. The last line printed is
-`ratio_jax_over_torch=<jax seq/s / torch seq/s>`.
+`--repeats`, or earlier once `--time-budget-s` would be exceeded, but never before each framework
+has `--min-steps` (9) timed steps, however slow the machine. The CPU model and its vector flags
+are printed first; the last line is `ratio_jax_over_torch=<jax seq/s / torch seq/s>`.
 
 MFU counts model FLOPs on real (non-pad) tokens only (`common.model_flops`): 6 x non-embedding
 params x tokens + 12 x layers x t^2 x (heads x head dim) per sequence, halved for causal
@@ -31,6 +34,7 @@ import dataclasses
 import functools
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,12 +48,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, torch_reference  # noqa: E402
 from caliber_jax import optim, step, tokenization  # noqa: E402
+from caliber_jax.data import pipeline  # noqa: E402
 from caliber_jax.models import embedding  # noqa: E402
 
 PRESETS = {
     "cpu-minilm": {
+        "config": "configs/demo.py",
         "model": "minilm",
         "num_layers": 3,
         "batch_size": 32,
@@ -62,6 +68,7 @@ PRESETS = {
         "time_budget_s": 20.0,
     },
     "gpu-qwen3-0.6b": {
+        "config": "configs/caliber.py",
         "model": "qwen3-0.6b",
         "num_layers": None,
         "batch_size": 32,
@@ -77,17 +84,15 @@ PRESETS = {
 # The paper's training set and its single-GPU epoch time (Sec. 5.1; Table 4, LEAF run).
 PAPER_PASSAGES = 606_000
 PAPER_EPOCH_SECONDS = 6946.0
-# Loss and optimizer as configs/caliber.py; the schedule length only shapes the learning rate.
-LAM, MARGIN, REDUCTION = 0.5, 0.05, "batch"
-OPTIM = dict(
-    lr=1e-4, weight_decay=0.01, warmup_frac=0.05, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0
-)
+# The schedule's length only shapes the learning rate of the timed steps.
 TOTAL_STEPS = 1000
+OPTIM_FIELDS = ("lr", "weight_decay", "warmup_frac", "b1", "b2", "eps", "clip_norm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--config", help="config file whose data, loss and optim settings apply")
     parser.add_argument("--batch-size", type=int, help="global batch B")
     parser.add_argument("--pert-frac", type=float, help="share of rows that carry a pi(x)")
     parser.add_argument("--lengths", help="'filings' (real passages) or 'fixed:N' tokens")
@@ -97,16 +102,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-batches", type=int, help="distinct batches timed")
     parser.add_argument("--repeats", type=int, help="most timed rounds over the batches")
     parser.add_argument("--time-budget-s", type=float, help="stop rounds past this; 0 = none")
-    parser.add_argument("--pad-multiple", type=int, default=16, help="JAX pads T to this multiple")
-    parser.add_argument("--group-window", type=int, default=16, help="length-grouping window")
     parser.add_argument(
-        "--jax-layout",
-        choices=("stacked", "compact"),
-        help="pi(x) rows for every x, or only the perturbed rows padded to a multiple of "
-        "--pert-rows-multiple (step.BATCH_LAYOUTS); default: compact where step.py has it",
+        "--min-steps", type=int, default=9, help="timed steps per framework before the budget"
     )
-    parser.add_argument("--pert-rows-multiple", type=int, default=16)
-    parser.add_argument("--remat", action="store_true", help="JAX: rematerialise each layer")
+    parser.add_argument(
+        "--pert-rows-multiple",
+        type=int,
+        help="config.data.pert_rows_multiple: 0 = a pi(x) row per x, m = the perturbed rows only, "
+        "their count rounded up to m (default: the config's)",
+    )
+    parser.add_argument("--bucket-growth", type=float, help="config.data.bucket_growth")
+    parser.add_argument("--remat", default="none", help="JAX remat policy (none, full, dots)")
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18, help="read every k-th filing")
@@ -120,14 +126,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--jax-attention",
         choices=("xla", "cudnn"),
         default="xla",
-        help="xla: the library's jax.nn.dot_product_attention (XLA); cudnn: its fused cuDNN "
-        "kernel with sequence lengths (GPU + bf16 only, an experiment switch)",
+        help="the models' `attention=` option: xla (jax.nn.dot_product_attention) or cudnn "
+        "(its fused cuDNN kernel with sequence lengths; GPU + bf16 only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    args.config = common.load_config(args.config)
+    data = args.config.data
+    if args.pert_rows_multiple is None:
+        args.pert_rows_multiple = data.get("pert_rows_multiple", 0)
+    if args.bucket_growth is None:
+        args.bucket_growth = data.bucket_growth
     return args
 
 
@@ -144,87 +156,95 @@ def build_student(args) -> tuple[common.Student, object]:
     return student, tokenizer
 
 
-def build_passages(args, student, tokenizer) -> common.Passages:
+def fixed_texts(tokenizer, *, count: int, length: int) -> list[str]:
+    """`count` texts of exactly `length` tokens, special tokens included ("a a ... a")."""
+    cap = length + 8
+    special = len(tokenization.tokenize(tokenizer, ["a"], max_length=cap)[0]) - 1
+    text = " ".join(["a"] * (length - special))
+    if len(tokenization.tokenize(tokenizer, [text], max_length=cap)[0]) != length:
+        raise ValueError(f"--lengths=fixed:{length}: could not build a {length}-token text")
+    return [text] * count
+
+
+def build_rows(args, tokenizer) -> tuple[list[str], list[str]]:
+    """(texts, perturbed): real passages, or fixed-length ones; pi(x) for `pert_frac` of rows."""
     if args.lengths == "filings":
-        return common.load_passages(
-            args.filings,
-            tokenizer,
-            count=args.pool,
-            max_length=args.max_length,
-            record_stride=args.record_stride,
-            seed=args.seed,
+        texts = common.sample_texts(
+            args.filings, count=args.pool, record_stride=args.record_stride, seed=args.seed
         )
+        return texts, common.choose_perturbations(texts, share=args.pert_frac, seed=args.seed)
     if args.lengths.startswith("fixed:"):
-        return common.fixed_passages(
-            count=args.batch_size * args.num_batches,
-            length=int(args.lengths.removeprefix("fixed:")),
-            vocab=student.config.vocab_size,
-            empty_ids=tokenization.tokenize(tokenizer, [""], max_length=args.max_length)[0],
-            seed=args.seed,
-        )
+        length = int(args.lengths.removeprefix("fixed:"))
+        texts = fixed_texts(tokenizer, count=args.batch_size * args.num_batches, length=length)
+        # pi(x) changes the last word: same length, same work.
+        chosen = np.random.default_rng(args.seed).permutation(len(texts))
+        chosen = set(chosen[: round(args.pert_frac * len(texts))].tolist())
+        perturbed = [t[:-1] + "b" if row in chosen else "" for row, t in enumerate(texts)]
+        return texts, perturbed
     raise ValueError(f"--lengths={args.lengths!r}: expected 'filings' or 'fixed:N'")
 
 
-def make_batch(args, passages, rows, *, pad_id: int, dim: int, seed: int, layout: str):
-    """One batch as the pipeline builds it (round(pert_frac * B) rows with a pi(x)).
+def epoch_batches(args, source, tokenizer) -> list[dict[str, np.ndarray]]:
+    """One epoch of `source` as `caliber_jax.train` loads it: `pipeline.make_loader`, one process,
+    with the config's padding ladder, length-grouping window and pi(x) layout."""
+    data = args.config.data
 
-    `layout="compact"` then keeps only the perturbed rows of pi(x) (`common.compact_batch`).
-    """
-    count = round(args.pert_frac * len(rows))
-    has_pert = common.choose_perturbed(passages, rows, count=count, seed=seed)
-    batch = common.pipeline_batch(
-        passages,
-        rows,
-        has_pert,
-        pad_id=pad_id,
-        multiple=args.pad_multiple,
+    def tokenize_fn(texts, max_length):
+        return tokenization.tokenize(tokenizer, texts, max_length=max_length)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    loader = pipeline.make_loader(
+        source,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        num_epochs=1,
+        shuffle=True,
+        process_index=0,
+        process_count=1,
+        tokenize_fn=tokenize_fn,
         max_length=args.max_length,
-        dim=dim,
-        seed=seed,
+        pad_id=pad_id,
+        pad_to_multiple=data.pad_to_multiple,
+        length_group_window=data.length_group_window if args.lengths == "filings" else 1,
+        drop_remainder=True,
+        worker_count=0,
+        read_threads=1,
+        pert_rows_multiple=args.pert_rows_multiple,
+        bucket_growth=args.bucket_growth,
     )
-    if layout == "compact":
-        batch = common.compact_batch(
-            batch,
-            rows_multiple=args.pert_rows_multiple,
-            multiple=args.pad_multiple,
-            max_length=args.max_length,
-            pad_id=pad_id,
-        )
-    return batch
+    return list(loader)
 
 
-def padding_study(args, passages, pad_id: int) -> None:
-    """Padding of a whole epoch of the sampled pool, per layout, with and without grouping.
+def padding_study(epoch: list[dict[str, np.ndarray]]) -> None:
+    """Share of the token slots each framework computes that is padding, over the whole epoch.
 
-    Slots are the token positions a forward computes: stacked 2B x max(T, T'), compact
-    B x T + P x T' (one forward over B + P rows of max(T, T')), PyTorch B x max|x| + k x max|pi x|.
+    JAX: what the loader built (B x T + rows of pi(x) x T'); PyTorch: x and the real pi(x) rows
+    each padded to their own batch maximum.
     """
-    if args.lengths != "filings":
-        return
-    for window in sorted({1, args.group_window}):
-        plan = common.epoch_batches(
-            passages, batch_size=args.batch_size, window=window, seed=args.seed
-        )
-        real = 0
-        slots = {"stacked": 0, "compact": 0, "torch": 0}
-        for i, rows in enumerate(plan):
-            batch = make_batch(args, passages, rows, pad_id=pad_id, dim=1, seed=i, layout="stacked")
-            compact = common.compact_batch(
-                batch,
-                rows_multiple=args.pert_rows_multiple,
-                multiple=args.pad_multiple,
-                max_length=args.max_length,
-                pad_id=pad_id,
-            )
-            real += sum(common.real_lengths(batch))
-            for name, b in (("stacked", batch), ("compact", compact)):
-                width = max(b["input_ids"].shape[1], b["pert_input_ids"].shape[1])
-                slots[name] += (b["input_ids"].shape[0] + b["pert_input_ids"].shape[0]) * width
-            x_len = batch["attention_mask"].sum(1)
-            p_len = batch["pert_attention_mask"][batch["has_pert"]].sum(1)
-            slots["torch"] += len(x_len) * x_len.max() + len(p_len) * p_len.max(initial=0)
-        fractions = " ".join(f"{k}={1 - real / v:.3f}" for k, v in slots.items())
-        print(f"padding_frac(window={window}, {len(plan)} batches): {fractions}")
+    real = slots_jax = slots_torch = 0
+    for batch in epoch:
+        lengths = common.real_lengths(batch)
+        real += sum(lengths)
+        slots_jax += batch["input_ids"].size + batch["pert_input_ids"].size
+        x_len = batch["attention_mask"].sum(axis=1)
+        p_len = np.asarray(lengths[len(x_len) :])
+        slots_torch += len(x_len) * x_len.max() + len(p_len) * p_len.max(initial=0)
+    print(
+        f"padding_frac(epoch of {len(epoch)} batches): jax={1 - real / slots_jax:.3f} "
+        f"torch={1 - real / slots_torch:.3f}"
+    )
+
+
+def loss_args(config) -> dict:
+    """The loss settings of the config, as `step.train_step` takes them."""
+    loss = config.loss
+    return dict(
+        lam=loss.lam,
+        margin=loss.margin,
+        reduction=loss.reduction,
+        objective=loss.get("objective", "caliber"),
+        perturb_weight=loss.get("perturb_weight", 1.0),
+    )
 
 
 # ----------------------------------------------------------------------------- JAX
@@ -239,16 +259,19 @@ class JaxRunner:
         self.device = jax.devices()[0]
         dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
         graphdef, params_state = embedding.split_model(
-            student.spec, student.flat, dtype=dtype, remat=args.remat
+            student.spec, student.flat, dtype=dtype, remat=args.remat, attention=args.jax_attention
         )
         params = nnx.to_pure_dict(params_state)
         del params_state
+        optim_config = args.config.optim
         schedule = optim.make_schedule(
-            lr=OPTIM["lr"], total_steps=TOTAL_STEPS, warmup_frac=OPTIM["warmup_frac"]
+            lr=optim_config.lr,
+            total_steps=TOTAL_STEPS,
+            warmup_frac=optim_config.warmup_frac,
+            schedule=optim_config.schedule,
+            cycles=optim_config.cycles,
         )
-        optimizer = optim.make_optimizer(
-            total_steps=TOTAL_STEPS, schedule="linear", cycles=1, accum_steps=1, **OPTIM
-        )
+        optimizer = optim.make_optimizer(total_steps=TOTAL_STEPS, **optim_config)
         init = functools.partial(step.init_state, optimizer=optimizer, seed=args.seed)
         self.state = jax.jit(init)(params)
         del params
@@ -258,9 +281,7 @@ class JaxRunner:
                 graphdef=graphdef,
                 optimizer=optimizer,
                 schedule=schedule,
-                lam=LAM,
-                margin=MARGIN,
-                reduction=REDUCTION,
+                **loss_args(args.config),
             ),
             donate_argnums=0,
         )
@@ -324,79 +345,53 @@ class TorchRunner:
         self.on_gpu = torch.cuda.is_available()
         self.device = "cuda" if self.on_gpu else "cpu"
         torch.set_num_threads(os.cpu_count() or 1)
-        model = common.torch_model(student, device=self.device)
-        model.train()
-        # Dropout off in both frameworks (the JAX port has none): same work, same loss.
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        self.model = model
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in model.parameters() if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": OPTIM["weight_decay"]},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=OPTIM["lr"],
-            betas=(OPTIM["b1"], OPTIM["b2"]),
-            eps=OPTIM["eps"],
-            fused=True,  # torch >= 2.4 has fused AdamW on CPU and GPU
+        self.model = common.torch_model(student, device=self.device)  # dropout off, as in JAX
+        self.model.train()
+        spec = {key: args.config.optim[key] for key in OPTIM_FIELDS}
+        self.optimizer, self.scheduler = torch_reference.make_optimizer(
+            self.model, {**spec, "total_steps": TOTAL_STEPS}
         )
-        warmup = int(OPTIM["warmup_frac"] * TOTAL_STEPS)
-
-        def linear(count: int) -> float:
-            if count < warmup:
-                return count / max(1, warmup)
-            return max(0.0, (TOTAL_STEPS - count) / max(1, TOTAL_STEPS - warmup))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, linear)
+        self.clip_norm = spec["clip_norm"]
+        self.loss_args = loss_args(args.config)
+        if self.loss_args.pop("objective") != "caliber":
+            raise ValueError("the PyTorch reference implements loss.objective='caliber' only")
         self.autocast = torch.autocast(
             device_type=self.device, dtype=torch.bfloat16, enabled=self.on_gpu
         )
         self.batches = [self._to_torch(b) for b in batches]
 
     def _to_torch(self, batch):
-        """x padded to the batch max; the perturbed rows gathered and padded to their own max."""
+        """x padded to the batch max; the real pi(x) rows padded to their own max."""
         x_len = int(batch["attention_mask"].sum(axis=1).max())
-        pert = np.flatnonzero(batch["has_pert"])
-        p_len = int(batch["pert_attention_mask"][pert].sum(axis=1).max()) if len(pert) else 0
+        rows, x_rows = common.pert_rows(batch)
+        p_len = int(batch["pert_attention_mask"][rows].sum(axis=1).max(initial=0))
         out = {
             "ids": batch["input_ids"][:, :x_len],
             "mask": batch["attention_mask"][:, :x_len],
-            "pert_ids": batch["pert_input_ids"][pert, :p_len],
-            "pert_mask": batch["pert_attention_mask"][pert, :p_len],
-            "pert": pert,
+            "pert_ids": batch["pert_input_ids"][rows, :p_len],
+            "pert_mask": batch["pert_attention_mask"][rows, :p_len],
+            "pert": x_rows,
             "t_x": batch["teacher_x"],
-            "t_px": batch["teacher_px"][pert],
+            "t_px": batch["teacher_px"][x_rows],
         }
         return {
             k: self.torch.from_numpy(np.ascontiguousarray(v)).to(self.device)
             for k, v in out.items()
         }
 
-    def _embed(self, ids, mask):
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-        weights = mask.unsqueeze(-1).float()
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-        return self.torch.nn.functional.normalize(pooled, dim=-1)
-
     def run(self, index: int):
         torch = self.torch
-        cosine = torch.nn.functional.cosine_similarity
         tb = self.batches[index]
         with self.autocast:
-            s_x = self._embed(tb["ids"], tb["mask"])
-            loss = (s_x - tb["t_x"]).norm(dim=-1).sum()
+            s_x = torch_reference.embed(self.model, tb["ids"], tb["mask"])
+            s_px = s_x[:0]
             if tb["pert"].numel():
-                s_px = self._embed(tb["pert_ids"], tb["pert_mask"])
-                delta_s = 1 - cosine(s_x[tb["pert"]], s_px, dim=-1)
-                delta_t = 1 - cosine(tb["t_x"][tb["pert"]], tb["t_px"], dim=-1)
-                hinge = torch.relu(delta_t + MARGIN - delta_s)
-                loss = loss + (s_px - tb["t_px"]).norm(dim=-1).sum() + LAM * hinge.sum()
-            loss = loss / s_x.shape[0]
+                s_px = torch_reference.embed(self.model, tb["pert_ids"], tb["pert_mask"])
+            loss = torch_reference.caliber_loss(
+                s_x, s_px, tb["t_x"], tb["t_px"], tb["pert"], **self.loss_args
+            )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), OPTIM["clip_norm"])
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -433,11 +428,16 @@ def summarise(name, result, batches, student, peak) -> float:
     return seq_per_s
 
 
-def measure(jax_runner, compiling, make_torch, num_batches: int, repeats: int, budget_s: float):
+def measure(
+    jax_runner, compiling, make_torch, num_batches: int, *, repeats: int, budget_s: float,
+    min_steps: int,
+):  # fmt: skip
     """Warm-up step per runner, then rounds in which the runners alternate step by step.
 
     `compiling` is the future of `jax_runner.compile_all`, running while PyTorch builds and warms
-    up. Returns ({name: {"wall", "cpu": [per batch [per round seconds]], ...}}, rounds run).
+    up. Rounds stop after `repeats`, or once the next round would pass `budget_s` (0: no budget),
+    but not before every runner has `min_steps` timed steps. Returns ({name: {"wall", "cpu":
+    [per batch [per round seconds]], ...}}, rounds run).
     """
     results = {}
     runners = [] if make_torch is None else [make_torch()]
@@ -453,9 +453,10 @@ def measure(jax_runner, compiling, make_torch, num_batches: int, repeats: int, b
             "wall": [[] for _ in range(num_batches)],
             "cpu": [[] for _ in range(num_batches)],
         }
+    min_rounds = -(-min_steps // num_batches)
     start = time.perf_counter()
     rounds = 0
-    while rounds < repeats:
+    while rounds < max(repeats, min_rounds):
         round_start = time.perf_counter()
         for i in range(num_batches):
             for runner in runners:
@@ -465,7 +466,8 @@ def measure(jax_runner, compiling, make_torch, num_batches: int, repeats: int, b
                 results[runner.name]["cpu"][i].append(time.process_time() - cpu)
         rounds += 1
         now = time.perf_counter()
-        if budget_s and now - start + (now - round_start) > budget_s:
+        over_budget = budget_s and now - start + (now - round_start) > budget_s
+        if rounds >= min_rounds and (over_budget or rounds >= repeats):
             break
     for runner in runners:
         results[runner.name]["memory"] = runner.peak_memory()
@@ -474,46 +476,41 @@ def measure(jax_runner, compiling, make_torch, num_batches: int, repeats: int, b
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    layouts = getattr(step, "BATCH_LAYOUTS", ("stacked",))
-    if args.jax_layout is None:
-        args.jax_layout = "compact" if "compact" in layouts else "stacked"
-    if args.jax_layout not in layouts:
-        raise ValueError(f"--jax-layout={args.jax_layout}: this step.py supports {layouts}")
+    print(f"cpu={common.cpu_description()}")
+    print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     if args.compile_cache:
         # Later runs skip XLA compilation; timed steps never include it either way.
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
-    common.use_attention(args.jax_attention)
     clock = time.perf_counter()
     student, tokenizer = build_student(args)
-    passages = build_passages(args, student, tokenizer)
-    window = args.group_window if args.lengths == "filings" else 1
-    plan = common.epoch_batches(passages, batch_size=args.batch_size, window=window, seed=args.seed)
-    picks = common.stratified_batches(passages, plan, num_batches=args.num_batches)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    texts, perturbed = build_rows(args, tokenizer)
     dim = student.spec.out_dim or student.config.width
-    build = functools.partial(make_batch, args, passages, pad_id=pad_id, dim=dim)
-    batches = [build(rows, seed=args.seed + i, layout="stacked") for i, rows in enumerate(picks)]
-    jax_batches = [
-        build(rows, seed=args.seed + i, layout=args.jax_layout) for i, rows in enumerate(picks)
-    ]
+    with tempfile.TemporaryDirectory(prefix="train_throughput_") as tmp:
+        source = common.write_source(tmp, texts, perturbed, dim=dim, seed=args.seed)
+        epoch = epoch_batches(args, source, tokenizer)
+    picks = common.stratified_picks(
+        [int(b["attention_mask"].sum()) for b in epoch], num_batches=args.num_batches
+    )
+    batches = [epoch[i] for i in picks]
     device = jax.devices()[0]
     peak, peak_source = common.peak_flops(device, dtype=args.dtype)  # before anything else runs
-    jax_runner = JaxRunner(args, student, jax_batches)
+    jax_runner = JaxRunner(args, student, batches)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(jax_runner.compile_all)
         pert = np.mean([b["has_pert"].mean() for b in batches])
-        shapes = sorted({(b["input_ids"].shape, b["pert_input_ids"].shape) for b in jax_batches})
+        shapes = sorted({(b["input_ids"].shape, b["pert_input_ids"].shape) for b in batches})
         print(f"preset={args.preset} device={device.device_kind} cores={os.cpu_count()}")
         print(
             f"model={args.model} layers={student.config.num_hidden_layers} "
             f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
             f"batch={args.batch_size} pert_frac={pert:.3f} lengths={args.lengths} "
-            f"max_length={args.max_length} jax_layout={args.jax_layout} "
-            f"jax_attention={args.jax_attention} xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
+            f"max_length={args.max_length} pert_rows_multiple={args.pert_rows_multiple} "
+            f"bucket_growth={args.bucket_growth} jax_attention={args.jax_attention} "
+            f"xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
         )
         print(f"jax_batch_shapes(x,pi_x)={shapes}")
         print(f"peak_flops={peak:.4g} ({peak_source})")
-        padding_study(args, passages, pad_id)
+        padding_study(epoch)
         lengths = [t for b in batches for t in common.real_lengths(b)]
         print(
             f"timed_batches={len(batches)} real_tokens_per_batch={sum(lengths) / len(batches):.0f}"
@@ -523,12 +520,12 @@ def main(argv=None) -> None:
             make_torch = functools.partial(TorchRunner, args, student, batches)
         print(f"setup_s={time.perf_counter() - clock:.1f}")
         results, rounds = measure(
-            jax_runner, compiling, make_torch, len(batches), args.repeats, args.time_budget_s
-        )
+            jax_runner, compiling, make_torch, len(batches), repeats=args.repeats,
+            budget_s=args.time_budget_s, min_steps=args.min_steps,
+        )  # fmt: skip
     print(f"timed_rounds={rounds} (steps per framework: {rounds * len(batches)})")
     seq = {
-        name: summarise(name, result, batches if name == "torch" else jax_batches, student, peak)
-        for name, result in results.items()
+        name: summarise(name, result, batches, student, peak) for name, result in results.items()
     }
     epoch_s = PAPER_PASSAGES / seq["jax"]
     print(
