@@ -1,0 +1,1 @@
+"""Iterative mining of paper 001: chunking, query generation, judging, triples, training."""

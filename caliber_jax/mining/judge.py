@@ -1,0 +1,201 @@
+"""Relevance judges grading (query, chunk) pairs on the 1-4 scale of paper 001 Table II.
+
+One interface, `grade(queries, chunks) -> [grade | None]` (None: the judge gave no valid grade),
+three backends: `OpenAIJudge` (an LLM with the Table II criteria in the prompt and strict parsing),
+`EmbeddingJudge` (a local teacher's cosine mapped to grades by calibrated, stored thresholds) and
+`FinanceBenchJudge` (evidence passages as deterministic labels, section VI). No jax.
+"""
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from caliber_jax.mining import client as client_lib
+
+GRADES = (1, 2, 3, 4)
+
+
+class Judge(Protocol):
+    def grade(
+        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+    ) -> list[int | None]:
+        """Grade of chunk i for query i, or None when no valid grade came back."""
+
+
+# Table II of the paper, verbatim.
+TABLE_II = {
+    1: "No answer and not relevant - The query is entirely unrelated to the content of the "
+    "passage and contains no answer.",
+    2: "No answer but somewhat relevant - The query has weak relevance to the content of the "
+    "passage, the connection between them is unclear or incomplete, we can not answer the query "
+    "based on the passage.",
+    3: "Partial answer and moderately relevant - The query is relevant to the content of the "
+    "answer passage and shows a clear connection, but there may be some gaps or minor "
+    "inconsistencies in relevance. If we want to answer the query accurately based on the "
+    "passage as context, the answer will be partial.",
+    4: "Explicit answer and perfectly relevant - The passage is perfectly and directly relevant "
+    "to the query, with a clear and complete connection between them. The answer is not only "
+    "relevant but also highly accurate, effectively and explicitly answering the query.",
+}
+
+JUDGE_PROMPT = """You are grading how relevant a passage from an SEC filing is to a query.
+Use exactly one of these scores:
+{criteria}
+
+Query: {query}
+
+Passage: {passage}
+
+Answer with the score only: a single digit 1, 2, 3 or 4."""
+
+_GRADE_RE = re.compile(r"^\s*(?:\**\s*(?:score|grade|relevance)\s*[:=]?\s*)?\**\s*([1-4])\s*\**\.?\s*$",
+                       re.IGNORECASE)  # fmt: skip
+
+
+def judge_prompt(query: str, passage: str) -> str:
+    criteria = "\n".join(f"{grade}: {text}" for grade, text in TABLE_II.items())
+    return JUDGE_PROMPT.format(criteria=criteria, query=query, passage=passage)
+
+
+def parse_grade(text: str) -> int | None:
+    """Strict parse: the whole reply is one grade 1-4, optionally as "Score: 3" (markdown bold
+    and a final period allowed). Anything else ("3 or 4", "5", prose) is None, never a guess."""
+    match = _GRADE_RE.match(text or "")
+    return int(match.group(1)) if match else None
+
+
+class OpenAIJudge:
+    """An LLM judge on an OpenAI-compatible chat server (temperature 0, a few tokens)."""
+
+    def __init__(self, client: client_lib.OpenAIClient, *, max_tokens: int,
+                 max_passage_chars: int):  # fmt: skip
+        self.client = client
+        self.max_tokens = max_tokens
+        self.max_passage_chars = max_passage_chars
+
+    def grade(
+        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+    ) -> list[int | None]:
+        calls = [
+            ("chat", {"messages": [{"role": "user", "content": judge_prompt(
+                query, chunk["text"][: self.max_passage_chars])}],
+                "temperature": 0.0, "max_tokens": self.max_tokens})
+            for query, chunk in zip(queries, chunks, strict=True)
+        ]  # fmt: skip
+        return [
+            parse_grade((client_lib.choice_texts(response) or [""])[0])
+            for response in self.client.map(calls)
+        ]
+
+
+# ------------------------------------------------------------------------------ embedding judge
+
+
+def grades_from_cosine(cosines: np.ndarray, thresholds: Sequence[float]) -> np.ndarray:
+    """Grade = 1 + number of thresholds (t2 <= t3 <= t4) the cosine reaches. `[n]` -> `[n]` int."""
+    thresholds = np.asarray(thresholds, np.float64)
+    if thresholds.shape != (3,) or np.any(np.diff(thresholds) < 0):
+        raise ValueError(f"need 3 non-decreasing thresholds (t2, t3, t4), got {thresholds}")
+    return 1 + np.sum(np.asarray(cosines, np.float64)[:, None] >= thresholds[None, :], axis=1)
+
+
+def calibrate_thresholds(
+    positive: np.ndarray, negative: np.ndarray, *, positive_quantile: float,
+    negative_quantile: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Cosine thresholds of the embedding judge from labelled calibration pairs.
+
+    Positives are (query, the chunk it was generated from), negatives (query, a random chunk of
+    another document). t2 = the `negative_quantile` quantile of negative cosines (above it, a
+    pair is more similar than almost every unrelated one: "somewhat relevant"), t4 = the
+    `positive_quantile` quantile of positive cosines (as similar as a typical source chunk:
+    "explicit answer"), t3 = their midpoint. If t4 < t2 the two collapse to their midpoint.
+
+    Returns:
+      {"thresholds": [t2, t3, t4], plus the counts, quantiles and means used}.
+    """
+    positive, negative = np.asarray(positive, np.float64), np.asarray(negative, np.float64)
+    if positive.size == 0 or negative.size == 0:
+        raise ValueError("calibration needs at least one positive and one negative pair")
+    t2 = float(np.quantile(negative, negative_quantile))
+    t4 = float(np.quantile(positive, positive_quantile))
+    if t4 < t2:
+        t2 = t4 = (t2 + t4) / 2
+    return {
+        "thresholds": [t2, (t2 + t4) / 2, t4],
+        "positive_quantile": positive_quantile,
+        "negative_quantile": negative_quantile,
+        "num_positive": int(positive.size),
+        "num_negative": int(negative.size),
+        "positive_mean": float(positive.mean()),
+        "negative_mean": float(negative.mean()),
+    }
+
+
+def save_calibration(path: str | Path, calibration: Mapping[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(dict(calibration), indent=2) + "\n", encoding="utf-8")
+
+
+def load_calibration(path: str | Path) -> dict[str, Any]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if len(data.get("thresholds", [])) != 3:
+        raise ValueError(f"{path}: field thresholds must list 3 cosines (t2, t3, t4)")
+    return data
+
+
+class EmbeddingJudge:
+    """Grades by the cosine of a local teacher `encode_fn` and calibrated thresholds."""
+
+    def __init__(self, encode_fn: Callable[[list[str]], np.ndarray], thresholds: Sequence[float],
+                 *, query_instruction: str | None = None):  # fmt: skip
+        self.encode_fn = encode_fn
+        self.thresholds = list(thresholds)
+        self.query_instruction = query_instruction
+        # text -> vector: a chunk judged for many queries is encoded once.
+        self._vectors: dict[str, np.ndarray] = {}
+
+    def _encode(self, texts: list[str]) -> dict[str, np.ndarray]:
+        missing = [text for text in dict.fromkeys(texts) if text not in self._vectors]
+        if missing:
+            self._vectors.update(zip(missing, np.asarray(self.encode_fn(missing)), strict=True))
+        return self._vectors
+
+    def cosines(self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """`[n]` cosine of each (query, chunk) pair under the teacher."""
+        if not queries:
+            return np.zeros((0,), np.float32)
+        texts = [_with_instruction(q, self.query_instruction) for q in queries]
+        vectors = self._encode(texts + [chunk["text"] for chunk in chunks])
+        return np.array([float(vectors[q] @ vectors[c["text"]]) for q, c in
+                         zip(texts, chunks, strict=True)], np.float32)  # fmt: skip
+
+    def grade(
+        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+    ) -> list[int | None]:
+        return [int(g) for g in grades_from_cosine(self.cosines(queries, chunks), self.thresholds)]
+
+
+def _with_instruction(query: str, instruction: str | None) -> str:
+    return query if not instruction else f"Instruct: {instruction}\nQuery:{query}"
+
+
+# ---------------------------------------------------------------------------- FinanceBench judge
+
+
+class FinanceBenchJudge:
+    """Deterministic labels: grade 4 for a chunk its query's evidence marks relevant, else 1."""
+
+    def __init__(self, relevant: Mapping[str, set[str]]):
+        """`relevant`: query text -> ids of the chunks its evidence passages cover."""
+        self.relevant = relevant
+
+    def grade(
+        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+    ) -> list[int | None]:
+        return [4 if chunk["id"] in self.relevant.get(query, ()) else 1
+                for query, chunk in zip(queries, chunks, strict=True)]  # fmt: skip

@@ -1,0 +1,185 @@
+"""The openai backends against a local HTTP server speaking the OpenAI API (no network).
+
+The server (http.server on 127.0.0.1, port 0) answers /v1/chat/completions and /v1/completions
+with log-probabilities, can fail the next requests with chosen statuses, and counts requests.
+"""
+
+import http.server
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from caliber_jax.mining import client as client_lib
+from caliber_jax.mining import judge, querygen
+
+
+class FakeServer(http.server.ThreadingHTTPServer):
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
+        self.failures: list[int] = []  # statuses to answer the next requests with
+        self.reply = lambda path, body: "1"
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        del args
+
+    def do_POST(self):
+        server: FakeServer = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with server.lock:
+            server.requests.append((self.path, body, dict(self.headers)))
+            status = server.failures.pop(0) if server.failures else 200
+        if status != 200:
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b'{"error": "try later"}')
+            return
+        text = server.reply(self.path, body)
+        # Token log-probs: -0.1 per token when the text contains "good", else -2.0.
+        tokens = text.split() or [""]
+        value = -0.1 if "good" in text else -2.0
+        if self.path.endswith("/chat/completions"):
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": {"content": [{"token": t, "logprob": value} for t in tokens]}
+                      if body.get("logprobs") else None}  # fmt: skip
+        else:
+            choice = {"index": 0, "text": text,
+                      "logprobs": {"tokens": tokens, "token_logprobs": [value] * len(tokens)}
+                      if body.get("logprobs") else None}  # fmt: skip
+        data = json.dumps({"id": "x", "model": body["model"], "choices": [choice]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture()
+def server():
+    srv = FakeServer()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def make_client(server, tmp_path, *, sleeps=None, retries=3, concurrency=1, cache=True):
+    return client_lib.OpenAIClient(
+        base_url=server.url, model="local-model", api_key_env="CALIBER_TEST_KEY",
+        cache_dir=tmp_path / "cache" if cache else None, max_retries=retries, backoff_seconds=0.5,
+        max_backoff_seconds=10.0, concurrency=concurrency, timeout_seconds=10.0,
+        sleep_fn=(sleeps.append if sleeps is not None else lambda s: None),
+    )  # fmt: skip
+
+
+def test_retries_with_backoff_then_success_and_api_key(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("CALIBER_TEST_KEY", "sk-test")
+    sleeps = []
+    client = make_client(server, tmp_path, sleeps=sleeps)
+    server.failures = [500, 429, 503]
+    server.reply = lambda path, body: "2"
+    response = client.chat([{"role": "user", "content": "hi"}])
+    assert client_lib.choice_texts(response) == ["2"]
+    assert client.calls == 4 and len(server.requests) == 4
+    assert sleeps == [0.5, 1.0, 2.0]  # exponential backoff
+    path, body, headers = server.requests[-1]
+    assert path == "/v1/chat/completions" and body["model"] == "local-model"
+    assert headers["Authorization"] == "Bearer sk-test"
+
+
+def test_gives_up_after_retries_and_on_client_errors(server, tmp_path):
+    client = make_client(server, tmp_path, retries=2)
+    server.failures = [500, 500, 500]
+    with pytest.raises(client_lib.RequestError, match="HTTP 500"):
+        client.complete("x")
+    assert len(server.requests) == 3
+    server.failures = [400]
+    with pytest.raises(client_lib.RequestError, match="HTTP 400"):
+        client.complete("y")
+    assert len(server.requests) == 4  # 400 is not retried
+    assert "Authorization" not in server.requests[-1][2]  # no key in the environment
+
+
+def test_cache_prevents_a_second_call(server, tmp_path):
+    first = make_client(server, tmp_path)
+    server.reply = lambda path, body: "3"
+    a = first.complete("same prompt", max_tokens=2)
+    # A new client (a rerun after a crash) with the same cache directory pays nothing.
+    second = make_client(server, tmp_path)
+    b = second.complete("same prompt", max_tokens=2)
+    assert a == b and len(server.requests) == 1 and second.calls == 0
+    second.complete("same prompt", max_tokens=3)  # a different request is sent
+    assert len(server.requests) == 2
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 2
+
+
+def test_inpars_generation_selects_by_mean_logprob(server, tmp_path):
+    """Chunk 'good' gets mean log-prob -0.1, the others -2.0; top-1 per document keeps it."""
+    server.reply = lambda path, body: (
+        "Relevant Query: what is the good number?" if "good chunk" in json.dumps(body)
+        else "what is the other number?"
+    )  # fmt: skip
+    client = make_client(server, tmp_path, concurrency=3)
+    generator = querygen.OpenAIQueryGenerator(client, endpoint="completions", max_tokens=16,
+                                              temperature=0.0, max_document_chars=500)  # fmt: skip
+    chunks = [{"id": f"D:{i}", "doc_name": "D", "text": text}
+              for i, text in enumerate(["plain text", "a good chunk", "more text"])]  # fmt: skip
+    scored = generator.generate(chunks)
+    assert [s[0] for s in scored] == ["what is the other number?", "what is the good number?",
+                                      "what is the other number?"]  # fmt: skip
+    np.testing.assert_allclose([s[1] for s in scored], [-2.0, -0.1, -2.0])
+    selected = querygen.select_top(chunks, scored, per_doc=1)
+    assert [(q["chunk_id"], q["text"]) for q in selected] == [("D:1", "what is the good number?")]
+    body = server.requests[0][1]
+    assert body["logprobs"] == 1 and "Example 3:\nDocument:" in body["prompt"]
+    # Chat endpoint: logprobs=True and the chat logprob layout.
+    chat = querygen.OpenAIQueryGenerator(client, endpoint="chat", max_tokens=16, temperature=0.0,
+                                         max_document_chars=500)  # fmt: skip
+    assert chat.generate(chunks[1:2])[0][1] == pytest.approx(-0.1)
+    assert server.requests[-1][1]["logprobs"] is True
+
+
+def test_openai_judge_prompt_and_strict_parsing(server, tmp_path):
+    replies = iter(["4", "Score: 2", "3 or 4", "five"])
+    server.reply = lambda path, body: next(replies)
+    grades = judge.OpenAIJudge(make_client(server, tmp_path), max_tokens=4,
+                               max_passage_chars=100).grade(
+        ["q1", "q2", "q3", "q4"], [{"text": f"passage {i}"} for i in range(4)])  # fmt: skip
+    assert grades == [4, 2, None, None]
+    prompt = server.requests[0][1]["messages"][0]["content"]
+    for criteria in judge.TABLE_II.values():
+        assert criteria in prompt
+    assert "Query: q1" in prompt and "Passage: passage 0" in prompt
+
+
+def test_synthetic_queries_few_shot(server, tmp_path):
+    """Step 1a: exemplars from distinct clusters; list markers stripped; short, non-question
+    and repeated lines rejected; stops at the requested number."""
+    server.reply = lambda path, body: (
+        "1. What drove the change in operating margin this year?\n"
+        "- too short?\n"
+        "Revenue grew a lot in the year under review\n"
+        "How did free cash flow compare with the prior year?\n"
+        "What drove the change in operating margin this year?"
+    )  # fmt: skip
+    exemplars = [f"What was item {i} in the year?" for i in range(6)]
+    made = querygen.synthesize_queries(
+        make_client(server, tmp_path), exemplars, [0, 0, 1, 1, 2, 2], num_queries=2,
+        doc_class="10-K", per_prompt=3, min_words=5, max_prompts=5, seed=0, temperature=0.7,
+    )  # fmt: skip
+    assert made == ["What drove the change in operating margin this year?",
+                    "How did free cash flow compare with the prior year?"]  # fmt: skip
+    prompt = server.requests[0][1]["messages"][0]["content"]
+    shots = [line for line in prompt.splitlines() if line.startswith("What was item")]
+    assert len(shots) == 3 and len({int(s.split()[3]) // 2 for s in shots}) == 3  # 3 clusters
+    assert len(server.requests) == 1
