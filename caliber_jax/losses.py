@@ -271,3 +271,70 @@ def calibration_loss(
     else:
         loss = parts["align_x"] + perturb_weight * parts["align_px"] + lam * parts["num"]
     return loss, parts
+
+
+TRIPLET_DISTANCES = ("cosine", "euclidean")
+
+
+def triplet_distance(a: jax.Array, b: jax.Array, distance: str) -> jax.Array:
+    """Per-row d(a, b) of `[B, D]` inputs, `[B]` float32.
+
+    "cosine": 1 - cos(a, b), in [0, 2]. "euclidean": ||a/|a| - b/|b|||_2 on the normalised
+    vectors, in [0, 2] (= sqrt(2 - 2 cos)); its gradient is finite at a == b (`safe_norm`).
+    """
+    if distance == "cosine":
+        return 1.0 - cosine(a, b)
+    if distance == "euclidean":
+        a = a.astype(jnp.float32)
+        b = b.astype(jnp.float32)
+        a = a / jnp.maximum(safe_norm(a), 1e-12)[:, None]
+        b = b / jnp.maximum(safe_norm(b), 1e-12)[:, None]
+        return safe_norm(a - b)
+    raise ValueError(f"distance={distance!r}; expected one of {TRIPLET_DISTANCES}")
+
+
+def triplet_loss(
+    q: jax.Array,
+    pos: jax.Array,
+    neg: jax.Array,
+    *,
+    margin: float,
+    distance: str,
+    weights: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Paper 001 step 5: mean of max(0, alpha + d(q, c_rel) - d(q, c_irrel)) over the batch.
+
+    Args:
+      q: `[B, D]` query vectors.
+      pos: `[B, D]` vectors of the more relevant chunks c_rel.
+      neg: `[B, D]` vectors of the less relevant chunks c_irrel (same document).
+      margin: alpha (the paper's best: 0.1).
+      distance: "cosine" (1 - cos) or "euclidean" (on normalised vectors).
+      weights: optional `[B]` row weights (0 for padding rows, whose inputs are zeroed before
+        any arithmetic so even NaN there never reaches the loss or gradient); None is all ones.
+
+    Returns:
+      `(loss, parts)`: float32 scalars; parts has "d_pos", "d_neg" (mean distances),
+      "active_frac" (rows with a positive hinge) and "accuracy" (rows with d_pos < d_neg).
+    """
+    if q.ndim != 2 or not q.shape == pos.shape == neg.shape:
+        raise ValueError(f"expected three [B, D] arrays, got {q.shape}, {pos.shape}, {neg.shape}")
+    if weights is None:
+        weights = jnp.ones(q.shape[:1], jnp.float32)
+    elif weights.shape != q.shape[:1]:
+        raise ValueError(f"weights shape {weights.shape} != batch {q.shape[:1]}")
+    weights = weights.astype(jnp.float32)
+    valid = (weights > 0)[:, None]
+    # Padding rows get a fixed unit vector, so cosines and norms stay finite there.
+    unit = jnp.zeros(q.shape[-1], jnp.float32).at[0].set(1.0)
+    q, pos, neg = (jnp.where(valid, x.astype(jnp.float32), unit) for x in (q, pos, neg))
+    d_pos = triplet_distance(q, pos, distance)
+    d_neg = triplet_distance(q, neg, distance)
+    hinge = jnp.maximum(0.0, margin + d_pos - d_neg)
+    parts = {
+        "d_pos": _weighted_mean(d_pos, weights),
+        "d_neg": _weighted_mean(d_neg, weights),
+        "active_frac": _weighted_mean((hinge > 0).astype(jnp.float32), weights),
+        "accuracy": _weighted_mean((d_pos < d_neg).astype(jnp.float32), weights),
+    }
+    return _weighted_mean(hinge, weights), parts

@@ -184,3 +184,74 @@ def eval_step(
         sums[k] = parts[k] * pert_rows
     sums["pert_rows"] = pert_rows
     return sums
+
+
+def embed_triplets(
+    graphdef: nnx.GraphDef, params: Any, batch: dict[str, jax.Array]
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Query, c_rel and c_irrel vectors `[B, E]` each: one forward over the `[B, Tq]` queries and
+    one over the `[2B, T]` stack of chunks (queries are short: padding them to T would waste).
+
+    The batch holds `query_*`, `pos_*` and `neg_*` `input_ids`/`attention_mask` int32 arrays.
+    """
+    model = nnx.merge(graphdef, params)
+    q = model(batch["query_input_ids"], batch["query_attention_mask"])
+    length = max(batch["pos_input_ids"].shape[1], batch["neg_input_ids"].shape[1])
+    ids = jnp.concatenate([_pad_to(batch[f"{name}_input_ids"], length) for name in ("pos", "neg")])
+    mask = jnp.concatenate(
+        [_pad_to(batch[f"{name}_attention_mask"], length) for name in ("pos", "neg")]
+    )
+    chunks = model(ids, mask)
+    rows = q.shape[0]
+    return q, chunks[:rows], chunks[rows:]
+
+
+def triplet_loss_fn(
+    params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    margin: float,
+    distance: str,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    q, pos, neg = embed_triplets(graphdef, params, batch)
+    return losses.triplet_loss(
+        q, pos, neg, margin=margin, distance=distance, weights=batch["weight"]
+    )
+
+
+def triplet_train_step(
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+    margin: float,
+    distance: str,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One AdamW step on the triplet loss of paper 001 (mining). Returns state and metrics."""
+    grad_fn = jax.value_and_grad(
+        functools.partial(triplet_loss_fn, graphdef=graphdef, margin=margin, distance=distance),
+        has_aux=True,
+    )
+    (loss, parts), grads = grad_fn(state.params, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {f"train/{k}": v for k, v in parts.items()}
+    metrics["train/loss"] = loss
+    metrics["train/grad_norm"] = optax.tree.norm(grads)
+    metrics["train/lr"] = schedule(state.step)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def triplet_eval_step(
+    params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, margin: float,
+    distance: str,
+) -> dict[str, jax.Array]:  # fmt: skip
+    """Sums over the real rows of a batch: loss, accuracy (d_pos < d_neg) and the row count."""
+    loss, parts = triplet_loss_fn(params, batch, graphdef=graphdef, margin=margin,
+                                  distance=distance)  # fmt: skip
+    rows = jnp.sum(batch["weight"])
+    return {"loss": loss * rows, "accuracy": parts["accuracy"] * rows, "rows": rows}

@@ -329,3 +329,41 @@ def test_calibration_errors():
     with pytest.raises(ValueError, match="t_nb"):
         losses.calibration_loss(**_batch(), objective="neighbour", lam=1.0, margin=0.1,
                                 perturb_weight=1.0)  # fmt: skip
+
+
+# ---- triplet loss (paper 001, issue 17) ----
+
+
+def test_triplet_loss_hand_computed():
+    """q=(1,0); pos at cos .8 and .6, neg at cos .6 and .8; alpha .1, d = 1 - cos:
+    row 0: max(0, .1 + .2 - .4) = 0; row 1: max(0, .1 + .4 - .2) = .3; mean .15."""
+    q = jnp.array([[1.0, 0.0], [2.0, 0.0]])  # row 1 unnormalised: cosine divides by the norms
+    pos = jnp.array([[0.8, 0.6], [0.6, 0.8]])
+    neg = jnp.array([[0.6, 0.8], [0.8, 0.6]])
+    loss, parts = losses.triplet_loss(q, pos, neg, margin=0.1, distance="cosine")
+    np.testing.assert_allclose(loss, 0.15, atol=1e-6)
+    np.testing.assert_allclose(parts["d_pos"], (0.2 + 0.4) / 2, atol=1e-6)
+    np.testing.assert_allclose(parts["d_neg"], (0.4 + 0.2) / 2, atol=1e-6)
+    np.testing.assert_allclose(parts["active_frac"], 0.5)
+    np.testing.assert_allclose(parts["accuracy"], 0.5)
+
+
+def test_triplet_loss_euclidean_and_weights():
+    """d = ||q - c|| on unit vectors = sqrt(2 - 2 cos): row 1 gives .1 + sqrt(.8) - sqrt(.4);
+    a zero-weight NaN row counts for nothing, in the loss and in the gradient."""
+    q = jnp.array([[1.0, 0.0], [1.0, 0.0], [jnp.nan, 0.0]])
+    pos = jnp.array([[0.8, 0.6], [0.6, 0.8], [jnp.nan, jnp.nan]])
+    neg = jnp.array([[0.6, 0.8], [0.8, 0.6], [0.0, 1.0]])
+    weights = jnp.array([1.0, 1.0, 0.0])
+    loss, _ = losses.triplet_loss(q, pos, neg, margin=0.1, distance="euclidean", weights=weights)
+    row1 = 0.1 + np.sqrt(0.8) - np.sqrt(0.4)
+    row0 = max(0.0, 0.1 + np.sqrt(0.4) - np.sqrt(0.8))
+    np.testing.assert_allclose(loss, (row0 + row1) / 2, atol=1e-6)
+    grad = jax.grad(
+        lambda p: losses.triplet_loss(q, p, neg, margin=0.1, distance="euclidean",
+                                      weights=weights)[0]  # fmt: skip
+    )(pos)
+    assert np.all(np.isfinite(np.asarray(grad)))
+    np.testing.assert_allclose(grad[2], 0.0)
+    with pytest.raises(ValueError, match="distance"):
+        losses.triplet_loss(q, pos, neg, margin=0.1, distance="dot")
