@@ -25,6 +25,7 @@ last `ratio_jax_over_torch=<JAX seq/s / PyTorch seq/s>` (= PyTorch wall / JAX wa
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -56,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, help="override config.batch_size")
     parser.add_argument("--num-layers", type=int, help="override config.model.num_layers")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="more config overrides for every step, e.g. --set data.max_length=64 (repeatable)",
+    )
     parser.add_argument("--workdir", default=str(REPO_ROOT / "runs" / "bench_e2e"))
     parser.add_argument(
         "--compilation-cache",
@@ -85,20 +93,30 @@ def make_setup(args) -> Setup:
     """Applies the benchmark's overrides to the config (the same ones every subprocess gets)."""
     config = common.load_config(args.config)
     max_passages = args.max_passages or config.prepare.max_passages
-    name = f"{Path(args.filings).name.split('.')[0]}_{max_passages}"
     overrides: dict[str, object] = {
         "prepare.input": str(Path(args.filings).resolve()),
         "prepare.max_passages": max_passages,
         # Only the training split matters here: no NumGap / NumFinE files, no validation.
         "prepare.numgap": False,
         "prepare.numfine_items": 0,
-        "data.dir": str(Path(args.workdir).resolve() / name / "data"),
         "data.validate": False,
     }
     if args.batch_size:
         overrides["batch_size"] = args.batch_size
     if args.num_layers:
         overrides["model.num_layers"] = args.num_layers
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        overrides[key] = _parse(value, like=_get(config, key))
+    # The data depend on the corpus, prepare's and the teacher's settings: one folder per choice.
+    data_fields = {
+        key: value for key, value in overrides.items() if key.startswith(("prepare.", "teacher."))
+    }
+    digest = hashlib.sha1(json.dumps([args.config, data_fields]).encode()).hexdigest()[:8]
+    name = f"{Path(args.filings).name.split('.')[0]}_{max_passages}_{digest}"
+    overrides["data.dir"] = str(Path(args.workdir).resolve() / name / "data")
     for key, value in overrides.items():
         node = config
         *parents, leaf = key.split(".")
@@ -106,6 +124,25 @@ def make_setup(args) -> Setup:
             node = node[part]
         node[leaf] = value
     return Setup(config_path=args.config, overrides=overrides, config=config)
+
+
+def _get(config, key: str):
+    """The config's value at a dotted key (KeyError naming the key if absent)."""
+    node = config
+    for part in key.split("."):
+        if part not in node:
+            raise KeyError(f"--set {key}: the config has no field {key!r}")
+        node = node[part]
+    return node
+
+
+def _parse(text: str, *, like):
+    """`text` as the type of the config value it replaces (str when that is None)."""
+    if isinstance(like, bool):
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"--set: {text!r} is not true/false")
+        return text.lower() == "true"
+    return text if like is None else type(like)(text)
 
 
 def run_timed(command: list[str], log: Path) -> float:

@@ -1,12 +1,24 @@
-"""Tests for benchmarks/: FLOP counts, batch layouts, stratified batches, a tiny end-to-end run."""
+"""Tests for benchmarks/: FLOP counts, CPU flags, batches from the real loader, the PyTorch
+reference's loss against the library's, the timing rounds, and tiny runs of both benchmarks."""
 
+import concurrent.futures
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
-from benchmarks import common, train_throughput
+from benchmarks import common, torch_reference, train_throughput
+from caliber_jax import losses, tokenization
+from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding, qwen3
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_model_flops_by_hand():
@@ -36,42 +48,140 @@ def test_model_flops_by_hand():
     assert common.model_flops(student, [2], backward=False) == 4 * 16 * 0.5 * 4
 
 
-def make_passages():
-    ids = [[101, *range(1000, 1000 + n), 102] for n in (3, 10, 5, 20, 7, 1, 12, 4)]
-    pert = [[*row[:-2], 7, 102] if i % 2 == 0 else None for i, row in enumerate(ids)]
-    return common.Passages(ids=ids, pert_ids=pert, empty_ids=[101, 102])
-
-
-def test_pipeline_and_compact_batches():
-    passages = make_passages()
-    rows = np.array([3, 0, 2, 1])
-    has_pert = common.choose_perturbed(passages, rows, count=5, seed=0)
-    # Only rows 0 and 2 of the corpus (slots 1 and 2) have a perturbation.
-    np.testing.assert_array_equal(has_pert, [False, True, True, False])
-    batch = common.pipeline_batch(
-        passages, rows, has_pert, pad_id=0, multiple=8, max_length=64, dim=4, seed=0
+def test_cpu_description_names_the_vector_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    avx512 = "fpu sse avx2 avx512f avx512bw fma avx amx_tile"
+    cpuinfo.write_text(
+        f"processor\t: 0\nmodel name\t: AMD EPYC 9B45\nflags\t\t: {avx512}\n\n"
+        "processor\t: 1\nmodel name\t: other\nflags\t\t: sse\n"
     )
-    assert batch["input_ids"].shape == (4, 24)  # longest x: 22 tokens -> 24
-    assert batch["pert_input_ids"].shape == (4, 8)  # longest pi(x): 7 tokens -> 8
-    np.testing.assert_array_equal(batch["pert_input_ids"][0, :3], [101, 102, 0])
-    np.testing.assert_array_equal(batch["teacher_px"][[0, 3]], 0.0)
-    assert sorted(common.real_lengths(batch)) == sorted([22, 5, 7, 12, 5, 7])
-
-    compact = common.compact_batch(batch, rows_multiple=4, multiple=8, max_length=64, pad_id=0)
-    np.testing.assert_array_equal(compact["pert_index"], [1, 2, 4, 4])
-    np.testing.assert_array_equal(compact["pert_input_ids"][:2], batch["pert_input_ids"][[1, 2]])
-    np.testing.assert_array_equal(compact["pert_attention_mask"][2:].sum(axis=1), [1, 1])
-    assert common.real_lengths(compact) == common.real_lengths(batch)
+    cores = os.cpu_count()
+    assert common.cpu_description(cpuinfo) == (
+        f"AMD EPYC 9B45, {cores} cores, flags: amx_tile avx avx2 avx512bw avx512f fma"
+    )
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse avx fma avx2\n")
+    assert common.cpu_description(cpuinfo) == (
+        f"AMD EPYC, {cores} cores, flags: avx avx2 fma (no avx512)"
+    )
 
 
-def test_stratified_batches_take_quantiles():
-    passages = make_passages()
-    plan = np.arange(8).reshape(8, 1)  # one row per batch; tokens = the row's length
-    picks = common.stratified_batches(passages, plan, num_batches=2)
-    # Lengths sorted: rows 5, 0, 7, 2, 4, 1, 6, 3; quantiles 1/4 and 3/4 -> positions 2 and 6.
-    assert [int(p[0]) for p in picks] == [7, 6]
-    with pytest.raises(ValueError, match="8 passages give 8 < 9 batches"):
-        common.stratified_batches(passages, plan, num_batches=9)
+def test_stratified_picks_take_quantiles():
+    tokens = [30, 10, 80, 50, 20, 70, 40, 60]  # sorted positions: 1, 4, 0, 6, 3, 7, 5, 2
+    # Quantiles 1/4 and 3/4 of 8 batches -> sorted positions 2 and 6.
+    assert common.stratified_picks(tokens, num_batches=2) == [0, 5]
+    with pytest.raises(ValueError, match="8 batches has fewer than 9"):
+        common.stratified_picks(tokens, num_batches=9)
+
+
+def test_pert_rows_of_both_layouts():
+    stacked = {
+        "input_ids": np.zeros((4, 8), np.int32),
+        "attention_mask": np.array([[1] * 5 + [0] * 3] * 4, np.int32),
+        "pert_attention_mask": np.array([[1, 1, 0, 0, 0, 0, 0, 0]] * 4, np.int32),
+        "has_pert": np.array([False, True, False, True]),
+    }
+    stacked["pert_attention_mask"][3, :6] = 1
+    rows, x_rows = common.pert_rows(stacked)
+    np.testing.assert_array_equal(rows, [1, 3])
+    np.testing.assert_array_equal(x_rows, [1, 3])
+    assert common.real_lengths(stacked) == [5, 5, 5, 5, 2, 6]
+    # Compact: the perturbed rows first, then padding rows whose pert_index is B = 4.
+    compact = {**stacked, "pert_index": np.array([1, 3, 4], np.int32)}
+    compact["pert_attention_mask"] = stacked["pert_attention_mask"][[1, 3, 0]]
+    rows, x_rows = common.pert_rows(compact)
+    np.testing.assert_array_equal(rows, [0, 1])
+    np.testing.assert_array_equal(x_rows, [1, 3])
+    assert common.real_lengths(compact) == common.real_lengths(stacked)
+
+
+def test_choose_perturbations_takes_the_share(filing_passages):
+    texts = filing_passages[:50]
+    perturbed = common.choose_perturbations(texts, share=0.2, seed=0)
+    assert sum(map(bool, perturbed)) == 10
+    assert all(p != t for p, t in zip(perturbed, texts, strict=True) if p)
+    assert perturbed == common.choose_perturbations(texts, share=0.2, seed=0)
+
+
+def test_benchmark_batches_come_from_the_loader(tmp_path, minilm_dir):
+    """`write_source` + `pipeline.make_loader`: the rows, teacher vectors and compact layout."""
+    texts = [f"Revenue was {n} million dollars in {2000 + n}." * (1 + n % 3) for n in range(8)]
+    perturbed = ["" if n % 2 else t.replace("million", "billion") for n, t in enumerate(texts)]
+    source = common.write_source(tmp_path, texts, perturbed, dim=4, seed=0)
+    assert source[2]["text"] == texts[2] and source[2]["has_pert"]
+    tokenizer = tokenization.load_tokenizer(minilm_dir)
+    loader = pipeline.make_loader(
+        source, batch_size=4, seed=0, num_epochs=1, shuffle=True, process_index=0,
+        process_count=1,
+        tokenize_fn=lambda t, m: tokenization.tokenize(tokenizer, t, max_length=m),
+        max_length=64, pad_id=0, pad_to_multiple=16, length_group_window=2, drop_remainder=True,
+        worker_count=0, read_threads=1, pert_rows_multiple=4,
+    )  # fmt: skip
+    batches = list(loader)
+    assert len(batches) == 2
+    for batch in batches:
+        rows, x_rows = common.pert_rows(batch)
+        assert np.all(np.array(perturbed, dtype=object)[batch["index"][x_rows]] != "")
+        np.testing.assert_allclose(np.linalg.norm(batch["teacher_x"], axis=1), 1.0, rtol=1e-5)
+        np.testing.assert_array_equal(batch["teacher_px"][~batch["has_pert"]], 0.0)
+        assert sorted(common.real_lengths(batch)[4:]) == sorted(
+            len(tokenization.tokenize(tokenizer, [perturbed[i]], max_length=64)[0])
+            for i in batch["index"][x_rows]
+        )
+
+
+@pytest.mark.parametrize("reduction", ["batch", "per_term"])
+@pytest.mark.parametrize("perturb_weight", [1.0, 0.5])
+def test_torch_reference_loss_is_the_library_loss(reduction, perturb_weight):
+    rng = np.random.default_rng(0)
+
+    def unit(shape):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    s_x, s_px, t_x, t_px = (unit((6, 8)) for _ in range(4))
+    s_px[1] = s_x[1] + 0.01  # a near copy: the hinge is active on that row
+    has_pert = np.array([False, True, True, False, True, False])
+    expected, _ = losses.calibration_loss(
+        jnp.asarray(s_x), jnp.asarray(s_px), jnp.asarray(t_x), jnp.asarray(t_px),
+        jnp.asarray(has_pert), objective="caliber", lam=0.5, margin=0.05,
+        perturb_weight=perturb_weight, reduction=reduction,
+    )  # fmt: skip
+    pert = np.flatnonzero(has_pert)
+    got = torch_reference.caliber_loss(
+        torch.from_numpy(s_x), torch.from_numpy(s_px[pert]), torch.from_numpy(t_x),
+        torch.from_numpy(t_px[pert]), torch.from_numpy(pert), lam=0.5, margin=0.05,
+        reduction=reduction, perturb_weight=perturb_weight,
+    )  # fmt: skip
+    assert float(got) == pytest.approx(float(expected), rel=1e-6)
+
+
+class _FakeRunner:
+    def __init__(self, name):
+        self.name, self.steps = name, 0
+
+    def run(self, index):
+        self.steps += 1
+        return 1.0
+
+    def peak_memory(self):
+        return "n/a"
+
+
+def test_measure_takes_min_steps_whatever_the_budget():
+    jax_runner, torch_runner = _FakeRunner("jax"), _FakeRunner("torch")
+    compiling = concurrent.futures.Future()
+    compiling.set_result(0.0)
+    results, rounds = train_throughput.measure(
+        jax_runner, compiling, lambda: torch_runner, 2, repeats=1, budget_s=1e-9, min_steps=9
+    )
+    assert rounds == 5  # ceil(9 / 2 batches)
+    for name, runner in (("jax", jax_runner), ("torch", torch_runner)):
+        assert sum(len(t) for t in results[name]["wall"]) == 10
+        assert runner.steps == 11  # + the warm-up step
+    _, rounds = train_throughput.measure(
+        jax_runner, compiling, None, 3, repeats=4, budget_s=0.0, min_steps=1
+    )
+    assert rounds == 4
 
 
 def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
@@ -79,10 +189,11 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
         [
             "--preset", "cpu-minilm", "--lengths", "fixed:12", "--num-layers", "1",
             "--batch-size", "4", "--num-batches", "2", "--repeats", "1", "--time-budget-s", "0",
-            "--compile-cache", str(tmp_path / "cache"),
+            "--min-steps", "2", "--compile-cache", str(tmp_path / "cache"),
         ]
     )  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("cpu=") and "flags:" in lines[0]
     assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
     values = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
     for name in ("jax", "torch"):
@@ -94,3 +205,28 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     assert float(values["ratio_jax_over_torch"]) == pytest.approx(
         float(values["jax_seq_per_s"]) / float(values["torch_seq_per_s"]), rel=1e-2
     )
+
+
+def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
+    """prepare -> teacher vectors -> `caliber_jax.train` and the PyTorch loop, 4 steps each."""
+    command = [
+        sys.executable, str(REPO / "benchmarks" / "train_end_to_end.py"),
+        "--filings", str(REPO / "data" / "sample" / "filings.jsonl.gz"), "--max-passages", "32",
+        "--batch-size", "8", "--num-layers", "1", "--set", "data.max_length=32",
+        "--set", "teacher.max_length=32", "--workdir", str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("cpu=") and "flags:" in lines[0]
+    assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
+    values = dict(line.split("=", 1) for line in lines if re.match(r"^\w+=", line))
+    # The same epoch: 32 passages in 4 batches of 8 for both frameworks.
+    for name in ("jax", "torch"):
+        assert values[f"{name}_steps"] == "4" and values[f"{name}_rows"] == "32"
+    # Same init, same batches in the same order, same loss and optimizer: same last loss.
+    assert float(values["jax_final_loss"]) == pytest.approx(
+        float(values["torch_final_loss"]), rel=1e-4
+    )
+    ratio = float(values["jax_seq_per_s"]) / float(values["torch_seq_per_s"])
+    assert float(lines[-1].split("=")[1]) == pytest.approx(ratio, rel=1e-2)
