@@ -16,7 +16,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from caliber_jax import embedder
+from caliber_jax import cli, embedder
 from caliber_jax.data import pipeline, teacher
 from caliber_jax.models import embedding
 
@@ -31,6 +31,24 @@ def student_dim(config) -> int:
     return spec.out_dim or spec.config.width
 
 
+def load_teacher(teacher_config):
+    """The teacher encoder of `config.teacher`: our Flax Embedder or the PyTorch backend."""
+    if teacher_config.backend == "torch":
+        from caliber_jax.data import torch_teacher  # torch only when asked for
+
+        return torch_teacher.TorchEncoder(
+            teacher_config.model_dir,
+            pooling=teacher_config.pooling,
+            dtype=teacher_config.dtype,
+            device=teacher_config.device,
+        )
+    if teacher_config.backend != "flax":
+        raise ValueError(f"config.teacher.backend={teacher_config.backend!r} not in flax/torch")
+    return embedder.Embedder.from_pretrained(
+        teacher_config.model_dir, pooling=teacher_config.pooling, dtype=teacher_config.dtype
+    )
+
+
 def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[Path]:
     """Encodes the split's passages and perturbations into its two stores."""
     passages = Path(config.data.dir) / f"{split}.jsonl"
@@ -38,12 +56,14 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
     out = Path(config.data.dir) / f"teacher_{split}"
     metadata = {
         "teacher": str(config.teacher.model_dir),
-        "pooling": model.spec.pooling,
+        "pooling": model.pooling if config.teacher.backend == "torch" else model.spec.pooling,
         "native_dim": model.dim,
         "max_length": config.teacher.max_length,
         "compute_dtype": config.teacher.dtype,
         "passages": str(passages),
     }
+    if config.teacher.backend == "torch":  # flax stores keep their metadata (and so resume)
+        metadata["backend"] = "torch"
 
     def encode_fn(batch: list[str]) -> np.ndarray:
         return model.encode(
@@ -110,9 +130,7 @@ def main(argv: Sequence[str]) -> None:
             teacher_name=values.teacher_name,
         )  # fmt: skip
     else:
-        model = embedder.Embedder.from_pretrained(
-            config.teacher.model_dir, pooling=config.teacher.pooling, dtype=config.teacher.dtype
-        )
+        model = load_teacher(config.teacher)
         if model.dim < dim:
             raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
         paths = []
@@ -131,4 +149,4 @@ if __name__ == "__main__":
     flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
     flags.DEFINE_string("teacher_name", "external", "Name recorded for imported vectors.")
     flags.mark_flag_as_required("config")
-    app.run(main)
+    cli.run(main)

@@ -303,6 +303,11 @@ def _define_flags() -> None:
     flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
     flags.DEFINE_string("pooling", None, "Model pooling override (mean/last).")
     flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last).")
+    # "torch": any local sentence-transformers/transformers directory, e.g. MPNet, which has no
+    # Flax port here (caliber_jax.data.torch_teacher).
+    flags.DEFINE_enum("backend", "flax", ["flax", "torch"], "How the model is run.")
+    flags.DEFINE_enum("teacher_backend", "flax", ["flax", "torch"], "How the teacher is run.")
+    flags.DEFINE_string("device", "auto", "torch backend: auto, cpu, cuda, cuda:1, ...")
     flags.DEFINE_list("mrl_dims", [str(d) for d in mrl.DIMS], "MRL truncation dims.")
     flags.DEFINE_integer("num_layers", None, "Evaluate only the model's first N encoder layers.")
     flags.DEFINE_integer("batch_size", 32, "Texts per encoder call.")
@@ -321,7 +326,15 @@ def _load(model_dir: str, *, pooling, dtype: str, num_layers=None):
     return embedder
 
 
-def _encode_fn(model_dir: str, *, pooling, dtype: str, batch_size: int, max_length) -> EncodeFn:
+def _encode_fn(
+    model_dir: str, *, pooling, dtype: str, batch_size: int, max_length, backend="flax", device=""
+) -> EncodeFn:
+    if backend == "torch":
+        from caliber_jax.data import torch_teacher  # torch only when asked for
+
+        encoder = torch_teacher.TorchEncoder(model_dir, pooling=pooling, dtype=dtype, device=device)
+        print(f"evaluate: {model_dir}: dim {encoder.dim}, pooling {encoder.pooling} (torch)")
+        return encoder.encode_fn(batch_size=batch_size, max_length=max_length)
     embedder = _load(model_dir, pooling=pooling, dtype=dtype)
     return embedder.encode_fn(batch_size=batch_size, max_length=max_length)
 
@@ -355,11 +368,15 @@ def main(argv: Sequence[str]) -> None:
         "teacher": values.teacher,
         "financebench": values.financebench,
         "numgap": values.numgap,
+        "backend": values.backend,
     }
     encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
+    torch_model = values.backend == "torch" and not is_bm25
+    if torch_model and (values.num_layers is not None or values.nash):
+        raise ValueError("--num_layers and --nash need --backend=flax")
     embedder = (
         None
-        if is_bm25
+        if is_bm25 or torch_model
         else _load(
             values.model, pooling=values.pooling, dtype=values.dtype, num_layers=values.num_layers
         )
@@ -369,6 +386,9 @@ def main(argv: Sequence[str]) -> None:
         if embedder is None
         else embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
     )
+    if torch_model:
+        encode_fn = _encode_fn(values.model, pooling=values.pooling, backend="torch",
+                               device=values.device, **encode)  # fmt: skip
     units = numfine.load_numfine(values.numfine) if values.numfine else None
     inputs = EvalInputs(
         financebench=retrieval.load_financebench(values.financebench)
@@ -376,7 +396,13 @@ def main(argv: Sequence[str]) -> None:
         else None,
         numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
         query_prompt=values.query_prompt,
-        teacher_encode_fn=_encode_fn(values.teacher, pooling=values.teacher_pooling, **encode)
+        teacher_encode_fn=_encode_fn(
+            values.teacher,
+            pooling=values.teacher_pooling,
+            backend=values.teacher_backend,
+            device=values.device,
+            **encode,
+        )
         if values.teacher
         else None,
         mrl_dims=tuple(int(d) for d in values.mrl_dims),

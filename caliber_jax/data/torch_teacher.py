@@ -1,0 +1,179 @@
+"""Black-box teachers through PyTorch: any local sentence-transformers or transformers directory.
+
+The Flax `Embedder` covers the families we port (Qwen3, BERT); this backend runs any other model
+(e.g. MPNet) as the teacher or as an evaluated model, on CPU or CUDA, and returns the same
+`texts -> [n, D]` L2-normalised float32 vectors, so `teacher.embed_to_store` writes the same
+stores (chunks, done markers, metadata) whichever backend encoded them. No jax.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+# sentence-transformers Pooling flags -> our pooling names.
+_ST_POOLING = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_max_tokens": "max",
+}
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def is_sentence_transformers_dir(model_dir: str | Path) -> bool:
+    """True when the directory holds a sentence-transformers pipeline (`modules.json`)."""
+    return (Path(model_dir) / "modules.json").is_file()
+
+
+def read_st_pooling(model_dir: str | Path) -> str:
+    """The pooling of a sentence-transformers directory, from its Pooling module's config."""
+    model_dir = Path(model_dir)
+    modules = json.loads((model_dir / "modules.json").read_text())
+    for module in modules:
+        if module["type"].endswith("models.Pooling"):
+            config_path = model_dir / module["path"] / "config.json"
+            config = json.loads(config_path.read_text())
+            modes = [name for flag, name in _ST_POOLING.items() if config.get(flag)]
+            if len(modes) != 1:
+                raise ValueError(f"{config_path}: expected one pooling mode, found {modes}")
+            return modes[0]
+    raise ValueError(f"{model_dir}/modules.json: no sentence_transformers Pooling module")
+
+
+def resolve_device(device: str) -> str:
+    """Resolves "auto" to "cuda" when torch sees a GPU, else "cpu"; other values pass through."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class TorchEncoder:
+    """A local model encoded through PyTorch: `encode(texts) -> [n, D]` unit float32 vectors.
+
+    A sentence-transformers directory runs its own module pipeline (pooling, Dense, Normalize);
+    a plain transformers directory runs `AutoModel` with `pooling` ("mean", "cls" or "last").
+
+    Attributes:
+      model_dir: the directory.
+      pooling: the pooling used (read from a sentence-transformers directory).
+      dim: D, the output width.
+      device: torch device string.
+    """
+
+    def __init__(self, model_dir: str | Path, *, pooling: str, dtype: str, device: str = "auto"):
+        import torch
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"{model_dir}: dtype={dtype!r} not in {_DTYPES}")
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise FileNotFoundError(f"{model_dir}: teacher model directory not found")
+        self.device = resolve_device(device)
+        self._torch_dtype = getattr(torch, dtype)
+        self.is_sentence_transformers = is_sentence_transformers_dir(self.model_dir)
+        if self.is_sentence_transformers:
+            from sentence_transformers import SentenceTransformer
+
+            found = read_st_pooling(self.model_dir)
+            if pooling and pooling != found:
+                raise ValueError(
+                    f"{self.model_dir}: its Pooling module uses {found!r}, config asks {pooling!r}"
+                )
+            self.pooling = found
+            self._model = SentenceTransformer(str(self.model_dir), device=self.device)
+            self._model.to(self._torch_dtype)
+            # sentence-transformers >= 6 renamed get_sentence_embedding_dimension.
+            dimension = getattr(self._model, "get_embedding_dimension", None)
+            dimension = dimension or self._model.get_sentence_embedding_dimension
+            self.dim = int(dimension())
+            self._tokenizer = None
+        else:
+            from transformers import AutoModel, AutoTokenizer
+
+            if pooling not in ("mean", "cls", "last"):
+                raise ValueError(f"{self.model_dir}: pooling={pooling!r} not in mean/cls/last")
+            self.pooling = pooling
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+            self._model = AutoModel.from_pretrained(
+                str(self.model_dir), torch_dtype=self._torch_dtype
+            )
+            self._model.to(self.device).eval()
+            self.dim = int(self._model.config.hidden_size)
+
+    def model_max_length(self) -> int:
+        """The longest input the model takes (position embeddings / its own limit)."""
+        if self.is_sentence_transformers:
+            return int(self._model.max_seq_length)
+        config = self._model.config
+        return int(min(self._tokenizer.model_max_length, config.max_position_embeddings))
+
+    def encode(
+        self, texts: Sequence[str], *, batch_size: int, max_length: int | None
+    ) -> np.ndarray:
+        """Encodes `texts` in batches.
+
+        Args:
+          texts: n strings.
+          batch_size: texts per forward pass.
+          max_length: token limit (special tokens included); None = the model's own.
+
+        Returns:
+          [n, D] float32, L2-normalised rows.
+        """
+        import torch
+
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        limit = self.model_max_length() if max_length is None else max_length
+        if self.is_sentence_transformers:
+            self._model.max_seq_length = limit
+            vectors = self._model.encode(
+                texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                show_progress_bar=False,
+            )  # fmt: skip
+            return np.asarray(vectors, np.float32)
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self._tokenizer(
+                    texts[start : start + batch_size], padding=True, truncation=True,
+                    max_length=limit, return_tensors="pt",
+                ).to(self.device)  # fmt: skip
+                hidden_btd = self._model(**batch).last_hidden_state.float()
+                out.append(pool(hidden_btd, batch["attention_mask"], self.pooling))
+        vectors = torch.cat(out).cpu().numpy()
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def encode_fn(self, *, batch_size: int, max_length: int | None):
+        """`texts -> [n, D]` with these settings (the evaluation interface)."""
+        return lambda texts: self.encode(texts, batch_size=batch_size, max_length=max_length)
+
+
+def pool(hidden_btd, mask_bt, pooling: str):
+    """Pools token states: mean over real tokens, the first token, or the last real token.
+
+    Args:
+      hidden_btd: [B, T, D] float32 torch tensor.
+      mask_bt: [B, T] attention mask (1 = token).
+      pooling: "mean", "cls" or "last".
+
+    Returns:
+      [B, D] torch tensor.
+    """
+    import torch
+
+    mask = mask_bt.to(hidden_btd.dtype)
+    if pooling == "mean":
+        return (hidden_btd * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+    if pooling == "cls":
+        return hidden_btd[:, 0]
+    if pooling == "last":
+        # Right padding: the last real token sits at (number of tokens - 1).
+        last = mask_bt.sum(1).long() - 1
+        return hidden_btd[torch.arange(hidden_btd.shape[0]), last]
+    raise ValueError(f"pooling={pooling!r} not in mean/cls/last")

@@ -1,0 +1,235 @@
+"""The paper-shaped study (issue #15), run by `scripts/study.py --preset mpnet`; resumable.
+
+    python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
+        --seeds 0,1
+
+Teacher all-mpnet-base-v2 (PyTorch backend), student the full all-MiniLM-L6-v2 with a LEAF W_out
+384 -> 768 (`configs/study_mpnet.py`) or aligned to the teacher truncated to 384 dims
+(`configs/study_mpnet.py:trunc384`, whose teacher stores are derived from the 768-d ones, not
+re-encoded). Every stage skips what is already done (prepared data, finished teacher chunks,
+checkpoints, result files), so rerunning the command continues where a killed run stopped.
+`<output>/study.json` and `study.md` are rewritten after every evaluation, so they always hold
+what has been measured so far.
+"""
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
+
+from caliber_jax import evaluate  # noqa: E402
+from configs import study_mpnet  # noqa: E402
+
+CONFIG = "configs/study_mpnet.py"
+TEACHER_DIM = 768
+STUDENT_WIDTH = 384
+EVAL_MAX_LENGTH = 256  # one token limit for every model (MiniLM's own; mpnet's is 384)
+MRL_DIMS = "768,512,384,256,128,64"
+TASKS_TEACHER = "financebench,numgap,mrl"
+TASKS_STUDENT = "financebench,numgap,mrl,asymmetric"
+RunFn = Callable[[str, list[str], dict[str, float]], None]
+
+
+def slug(label: str) -> str:
+    return label.replace(" ", "_").replace("=", "")
+
+
+def students(seeds: list[int]) -> list[tuple[str, str, float, int]]:
+    """(label, config variant, lambda, seed) in the order they train: seed 0's W_out pair first."""
+    runs = []
+    for seed in seeds:
+        for variant, suffix in (("", ""), ("trunc384", " t384")):
+            runs += [
+                (f"LEAF{suffix} s{seed}", variant, 0.0, seed),
+                (f"Caliber{suffix} s{seed}", variant, 0.5, seed),
+            ]
+    return runs
+
+
+def write_initial(
+    output: Path, *, init_dir: str, out_dim: int | None, seed: int, max_length: int
+) -> Path:
+    """Exports the untrained student (MiniLM + the seed's fresh W_out) as an HF directory."""
+    from caliber_jax import tokenization
+    from caliber_jax.models import embedding, hf
+
+    if (output / "modules.json").is_file():
+        return output
+    spec = embedding.read_spec(init_dir, pooling="mean", num_layers=None, out_dim=out_dim)
+    flat = embedding.load_flat_params(init_dir, spec, seed=seed)  # what train.py starts from
+    source = hf.read_safetensors(init_dir)
+    passthrough = {
+        k.removeprefix("bert."): v
+        for k, v in source.items()
+        if k.removeprefix("bert.").startswith("pooler.")
+    }
+    embedding.save_pretrained(
+        output,
+        spec,
+        flat,
+        tokenizer=tokenization.load_tokenizer(init_dir),
+        max_seq_length=max_length,
+        passthrough=passthrough,
+    )
+    return output
+
+
+def derive_truncated(
+    data: Path, data_384: Path, run: RunFn, common: list[str], times: dict[str, float]
+) -> None:
+    """Teacher stores for the trunc384 variant: the 768-d vectors cut to 384 and re-normalised."""
+    from caliber_jax.data import pipeline, teacher
+
+    data_384.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        link = data_384 / f"{split}.jsonl"
+        if not link.exists():
+            link.symlink_to(data / f"{split}.jsonl")
+        if (data_384 / f"teacher_{split}" / "px" / "metadata.json").is_file() and not any(
+            teacher.pending_ranges(data_384 / f"teacher_{split}" / name) for name in ("x", "px")
+        ):
+            continue
+        texts, perturbed = pipeline.load_passages(data / f"{split}.jsonl")
+        args = [f"--splits={split}", "--teacher_name=all-mpnet-base-v2[:384] (from 768-d store)"]
+        for name, rows in (("x", texts), ("px", perturbed)):
+            reader = teacher.open_reader(
+                data / f"teacher_{split}" / name, expect_rows=len(rows), expect_dim=TEACHER_DIM
+            )
+            # Rows of empty texts (no perturbation) are zero and stay zero through the import.
+            vectors = reader[np.arange(len(rows))]
+            np.save(data_384 / f"teacher_{split}_{name}_768.npy", vectors)
+            args.append(f"--import_{name}={data_384 / f'teacher_{split}_{name}_768.npy'}")
+        run(
+            f"teacher vectors 384 ({split})",
+            [
+                "-m",
+                "caliber_jax.embed_teacher",
+                f"--config={REPO / CONFIG}:trunc384",
+                *common,
+                f"--config.data.dir={data_384}",
+                *args,
+            ],
+            times,
+        )
+
+
+def run_study(args, run_stage: RunFn) -> None:
+    """The whole study; `run_stage(stage, argv, times)` runs one CLI stage as a subprocess."""
+    out = Path(args.output or "runs/study_mpnet").resolve()
+    data, data_384 = out / "data", out / "data_384"
+    common = [f"--config.prepare.input={Path(args.filings).resolve()}"] if args.filings else []
+    config_args = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}", *common]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    state_path = out / "study.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    times: dict[str, float] = state.get("times", {})
+    results: dict[str, dict] = state.get("results", {})
+
+    def run(stage: str, argv: list[str], times: dict[str, float]) -> None:
+        # Wall times add up over resumed sessions (a stage may run in several pieces).
+        once: dict[str, float] = {}
+        run_stage(stage, argv, once)
+        times[stage] = round(times.get(stage, 0.0) + once[stage], 1)
+
+    def save() -> None:
+        stats = (
+            json.loads((data / "stats.json").read_text()) if (data / "stats.json").is_file() else {}
+        )
+        state_path.write_text(
+            json.dumps({"results": results, "times": times, "data": stats}, indent=2)
+        )
+        table = evaluate.format_markdown(results)
+        timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
+        report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
+        (out / "study.md").write_text(report)
+
+    start = time.perf_counter()
+    mpnet_dir = fetch_mpnet.fetch(
+        REPO / fetch_mpnet.DEFAULT_OUTPUT, wheel_dir=REPO / f"{fetch_mpnet.DEFAULT_OUTPUT}.wheels"
+    )
+    times.setdefault("fetch mpnet", round(time.perf_counter() - start, 1))
+    if not (data / "stats.json").is_file():
+        run("prepare", ["-m", "caliber_jax.prepare", *config_args], times)
+    save()
+
+    numgap_path = data / "numgap_test.jsonl"
+    eval_common = [
+        f"--financebench={args.financebench}",
+        f"--numgap={numgap_path}",
+        f"--max_length={EVAL_MAX_LENGTH}",
+        f"--mrl_dims={MRL_DIMS}",
+    ]
+    teacher_args = ["--teacher", str(mpnet_dir), "--teacher_backend=torch"]
+
+    def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
+        path = out / "results" / f"{slug(label)}.json"
+        if not path.is_file():
+            run(
+                f"evaluate {label}",
+                [
+                    "-m",
+                    "caliber_jax.evaluate",
+                    *model_args,
+                    f"--label={label}",
+                    f"--tasks={tasks}",
+                    *eval_common,
+                    f"--output={path}",
+                ],
+                times,
+            )
+        results[label] = json.loads(path.read_text())
+        save()
+
+    init_dir = study_mpnet.get_config().model.init_dir
+    evaluate_model("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER)
+    for seed in seeds[:1]:
+        for suffix, out_dim in (("", TEACHER_DIM), (" t384", None)):
+            label = f"Initial{suffix} s{seed}"
+            hf_dir = write_initial(
+                out / slug(label) / "hf",
+                init_dir=init_dir,
+                out_dim=out_dim,
+                seed=seed,
+                max_length=EVAL_MAX_LENGTH,
+            )
+            evaluate_model(label, ["--model", str(hf_dir), *teacher_args], TASKS_STUDENT)
+
+    # After the evaluations that need no teacher vectors, so a short session measures those.
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
+    save()
+    derived = False
+    for label, variant, lam, seed in students(seeds):
+        if variant and not derived:
+            derive_truncated(data, data_384, run, common, times)
+            derived = True
+        workdir = out / slug(label)
+        config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
+        train_args = [
+            config,
+            f"--config.data.dir={data_384 if variant else data}",
+            *common,
+            f"--config.loss.lam={lam}",
+            f"--config.seed={seed}",
+            f"--workdir={workdir}",
+        ]
+        if not (out / "results" / f"{slug(label)}.json").is_file():
+            run(f"train {label}", ["-m", "caliber_jax.train", *train_args], times)
+            run(
+                f"export {label}",
+                ["-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={workdir / 'hf'}"],
+                times,
+            )
+        evaluate_model(label, ["--model", str(workdir / "hf"), *teacher_args], TASKS_STUDENT)
+        summary = workdir / "summary.json"
+        if summary.is_file():
+            results[label]["train_summary"] = json.loads(summary.read_text())
+            save()
+    print((out / "study.md").read_text())

@@ -1,0 +1,141 @@
+"""The PyTorch teacher backend: parity with SentenceTransformer.encode, resume after a kill, hashes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax.data import corpus, teacher, torch_teacher
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LENGTH = 256  # all-MiniLM-L6-v2's own max_seq_length
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir, filing_passages) -> np.ndarray:
+    """SentenceTransformer.encode of the real passages: [n, 384] unit vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    model.max_seq_length = MAX_LENGTH
+    return model.encode(filing_passages, batch_size=16, normalize_embeddings=True)
+
+
+def test_store_equals_sentence_transformers_encode(minilm_dir, filing_passages, reference, tmp_path):
+    encoder = torch_teacher.TorchEncoder(minilm_dir, pooling="mean", dtype="float32", device="cpu")
+    assert (encoder.dim, encoder.pooling, encoder.device) == (384, "mean", "cpu")
+    texts = list(filing_passages)
+    texts[3] = ""  # an unperturbed row of a pi(x) store: stays zero, never encoded
+    store = teacher.embed_to_store(
+        encoder.encode_fn(batch_size=16, max_length=MAX_LENGTH), texts, tmp_path / "x",
+        batch_rows=16, dim=384, chunk_rows=32, process_index=0, process_count=1,
+        metadata={"teacher": str(minilm_dir), "pooling": encoder.pooling, "native_dim": 384},
+    )  # fmt: skip
+    reader = teacher.open_reader(store.path, expect_rows=len(texts), expect_dim=384,
+                                 expect_hash=teacher.text_hash(texts))  # fmt: skip
+    stored = reader[np.arange(len(texts))]
+    keep = np.arange(len(texts)) != 3
+    assert np.abs(stored[keep] - reference[keep]).max() <= 1e-5
+    assert not stored[3].any()
+
+
+def test_plain_transformers_dir_matches_sentence_transformers(minilm_dir, filing_passages,
+                                                              reference, tmp_path):  # fmt: skip
+    # The same weights without modules.json: AutoModel + our mean pooling + L2 normalisation.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "vocab.txt", "special_tokens_map.json"):  # fmt: skip
+        if (minilm_dir / name).exists():
+            (plain / name).symlink_to(minilm_dir / name)
+    encoder = torch_teacher.TorchEncoder(plain, pooling="mean", dtype="float32", device="cpu")
+    assert not encoder.is_sentence_transformers and encoder.dim == 384
+    vectors = encoder.encode(filing_passages, batch_size=16, max_length=MAX_LENGTH)
+    assert np.abs(vectors - reference).max() <= 1e-5
+    with pytest.raises(ValueError, match="Pooling module uses 'mean', config asks 'cls'"):
+        torch_teacher.TorchEncoder(minilm_dir, pooling="cls", dtype="float32", device="cpu")
+
+
+def _command(data_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "caliber_jax.embed_teacher", f"--config={REPO / 'configs/demo.py'}",
+        f"--config.data.dir={data_dir}", "--splits=train", "--config.teacher.backend=torch",
+        "--config.teacher.device=cpu", "--config.teacher.chunk_rows=4",
+        "--config.teacher.batch_size=4", f"--config.teacher.max_length={MAX_LENGTH}",
+        "--compilation_cache=none",
+    ]  # fmt: skip
+
+
+def _write_passages(data_dir: Path, texts: list[str]) -> None:
+    rows = [
+        {"id": f"p:{i}", "text": text, "perturbed": text.replace("the", "a") if i % 2 else None}
+        for i, text in enumerate(texts)
+    ]
+    corpus.save_jsonl(data_dir / "train.jsonl", rows)
+
+
+def test_cli_resumes_after_a_kill_and_checks_the_text_hash(minilm_dir, filing_passages,
+                                                           reference, tmp_path):  # fmt: skip
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    texts = list(filing_passages)
+    _write_passages(data_dir, texts)
+    store_x = data_dir / "teacher_train" / "x"
+    num_chunks = -(-len(texts) // 4)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen(_command(data_dir), cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        done = store_x / "done"
+        if done.is_dir() and len(os.listdir(done)) >= 2:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = sorted(int(name) for name in os.listdir(store_x / "done"))
+    assert 2 <= len(finished) < num_chunks, "the kill must land mid-run"
+    first_chunk = store_x / "c" / str(finished[0]) / "0"
+    written_at = first_chunk.stat().st_mtime_ns
+
+    result = subprocess.run(_command(data_dir), cwd=REPO, env=env, capture_output=True,
+                            text=True, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(os.listdir(store_x / "done")) == num_chunks
+    assert first_chunk.stat().st_mtime_ns == written_at, "a finished chunk was rewritten"
+    stored = teacher.open_reader(store_x, expect_rows=len(texts), expect_dim=384)
+    resumed = stored[np.arange(len(texts))]
+    assert np.abs(resumed - reference).max() <= 1e-5
+    metadata = json.loads((store_x / "metadata.json").read_text())
+    assert (metadata["backend"], metadata["pooling"], metadata["native_dim"]) == ("torch", "mean",
+                                                                                  384)  # fmt: skip
+    assert metadata["text_hash"] == teacher.text_hash(texts)
+
+    # The same run from scratch gives an identical store.
+    fresh_dir = tmp_path / "fresh"
+    fresh_dir.mkdir()
+    _write_passages(fresh_dir, texts)
+    fresh = subprocess.run(_command(fresh_dir), cwd=REPO, env=env, capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    for name in ("x", "px"):
+        rows = len(texts)
+        again = teacher.open_reader(fresh_dir / "teacher_train" / name, expect_rows=rows,
+                                    expect_dim=384)[np.arange(rows)]  # fmt: skip
+        before = teacher.open_reader(data_dir / "teacher_train" / name, expect_rows=rows,
+                                     expect_dim=384)[np.arange(rows)]  # fmt: skip
+        np.testing.assert_array_equal(again, before)
+
+    # A changed text list is refused: one line naming the store and the text hash.
+    _write_passages(data_dir, [texts[1], texts[0], *texts[2:]])
+    refused = subprocess.run(_command(data_dir), cwd=REPO, env=env, capture_output=True,
+                             text=True, check=False)  # fmt: skip
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: {store_x}: existing teacher store has text_hash=")
