@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 
 from caliber_jax import evaluate  # noqa: E402
+from caliber_jax.eval import plots  # noqa: E402
 from configs import study_mpnet  # noqa: E402
 
 CONFIG = "configs/study_mpnet.py"
@@ -33,8 +34,10 @@ TEACHER_DIM = 768
 STUDENT_WIDTH = 384
 EVAL_MAX_LENGTH = 256  # one token limit for every model (MiniLM's own; mpnet's is 384)
 MRL_DIMS = "768,512,384,256,128,64"
-TASKS_TEACHER = "financebench,numgap,mrl"
-TASKS_STUDENT = "financebench,numgap,mrl,asymmetric"
+# Task groups, each evaluated into its own file (a killed run keeps every finished group);
+# financebench and mrl share one process, which encodes the FinanceBench texts once for both.
+TASKS_TEACHER = ("financebench,mrl", "numgap")
+TASKS_STUDENT = ("financebench,mrl", "numgap", "asymmetric")
 RunFn = Callable[[str, list[str], dict[str, float]], None]
 
 
@@ -170,10 +173,10 @@ def run_study(args, run_stage: RunFn) -> None:
     teacher_args = ["--teacher", str(mpnet_dir), "--teacher_backend=torch"]
 
     def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
-        path = out / "results" / f"{slug(label)}.json"
+        path = out / "results" / slug(label) / f"{tasks.replace(',', '+')}.json"
         if not path.is_file():
             run(
-                f"evaluate {label}",
+                f"evaluate {label} ({tasks})",
                 [
                     "-m",
                     "caliber_jax.evaluate",
@@ -185,22 +188,26 @@ def run_study(args, run_stage: RunFn) -> None:
                 ],
                 times,
             )
-        results[label] = json.loads(path.read_text())
+        results.setdefault(label, {}).update(json.loads(path.read_text()))
         save()
 
     init_dir = study_mpnet.get_config().model.init_dir
-    evaluate_model("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER)
-    for seed in seeds[:1]:
-        for suffix, out_dim in (("", TEACHER_DIM), (" t384", None)):
-            label = f"Initial{suffix} s{seed}"
-            hf_dir = write_initial(
-                out / slug(label) / "hf",
-                init_dir=init_dir,
-                out_dim=out_dim,
-                seed=seed,
-                max_length=EVAL_MAX_LENGTH,
-            )
-            evaluate_model(label, ["--model", str(hf_dir), *teacher_args], TASKS_STUDENT)
+    untrained = [("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER)]
+    for suffix, out_dim in (("", TEACHER_DIM), (" t384", None)):
+        label = f"Initial{suffix} s{seeds[0]}"
+        hf_dir = write_initial(
+            out / slug(label) / "hf",
+            init_dir=init_dir,
+            out_dim=out_dim,
+            seed=seeds[0],
+            max_length=EVAL_MAX_LENGTH,
+        )
+        untrained.append((label, ["--model", str(hf_dir), *teacher_args], TASKS_STUDENT))
+    # Retrieval of every untrained model first, then NumGap, then the asymmetric mode.
+    for group in range(len(TASKS_STUDENT)):
+        for label, model_args, groups in untrained:
+            if group < len(groups):
+                evaluate_model(label, model_args, groups[group])
 
     # After the evaluations that need no teacher vectors, so a short session measures those.
     run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
@@ -220,16 +227,19 @@ def run_study(args, run_stage: RunFn) -> None:
             f"--config.seed={seed}",
             f"--workdir={workdir}",
         ]
-        if not (out / "results" / f"{slug(label)}.json").is_file():
+        if not (out / "results" / slug(label) / f"{TASKS_STUDENT[-1]}.json").is_file():
             run(f"train {label}", ["-m", "caliber_jax.train", *train_args], times)
             run(
                 f"export {label}",
                 ["-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={workdir / 'hf'}"],
                 times,
             )
-        evaluate_model(label, ["--model", str(workdir / "hf"), *teacher_args], TASKS_STUDENT)
+        for tasks in TASKS_STUDENT:
+            evaluate_model(label, ["--model", str(workdir / "hf"), *teacher_args], tasks)
         summary = workdir / "summary.json"
         if summary.is_file():
             results[label]["train_summary"] = json.loads(summary.read_text())
             save()
+    figures = plots.plot_all(results, out / "figures")
     print((out / "study.md").read_text())
+    print("figures: " + ", ".join(str(f) for f in figures))
