@@ -1,4 +1,4 @@
-"""The PyTorch teacher backend: parity with SentenceTransformer.encode, resume after a kill, hashes."""
+"""The PyTorch teacher backend: SentenceTransformer parity, resume after a kill, text hash."""
 
 import json
 import os
@@ -27,31 +27,47 @@ def reference(minilm_dir, filing_passages) -> np.ndarray:
     return model.encode(filing_passages, batch_size=16, normalize_embeddings=True)
 
 
-def test_store_equals_sentence_transformers_encode(minilm_dir, filing_passages, reference, tmp_path):
+def test_store_equals_sentence_transformers_encode(
+    minilm_dir, filing_passages, reference, tmp_path
+):
     encoder = torch_teacher.TorchEncoder(minilm_dir, pooling="mean", dtype="float32", device="cpu")
     assert (encoder.dim, encoder.pooling, encoder.device) == (384, "mean", "cpu")
     texts = list(filing_passages)
     texts[3] = ""  # an unperturbed row of a pi(x) store: stays zero, never encoded
     store = teacher.embed_to_store(
-        encoder.encode_fn(batch_size=16, max_length=MAX_LENGTH), texts, tmp_path / "x",
-        batch_rows=16, dim=384, chunk_rows=32, process_index=0, process_count=1,
+        encoder.encode_fn(batch_size=16, max_length=MAX_LENGTH),
+        texts,
+        tmp_path / "x",
+        batch_rows=16,
+        dim=384,
+        chunk_rows=32,
+        process_index=0,
+        process_count=1,
         metadata={"teacher": str(minilm_dir), "pooling": encoder.pooling, "native_dim": 384},
-    )  # fmt: skip
-    reader = teacher.open_reader(store.path, expect_rows=len(texts), expect_dim=384,
-                                 expect_hash=teacher.text_hash(texts))  # fmt: skip
+    )
+    reader = teacher.open_reader(
+        store.path, expect_rows=len(texts), expect_dim=384, expect_hash=teacher.text_hash(texts)
+    )
     stored = reader[np.arange(len(texts))]
     keep = np.arange(len(texts)) != 3
     assert np.abs(stored[keep] - reference[keep]).max() <= 1e-5
     assert not stored[3].any()
 
 
-def test_plain_transformers_dir_matches_sentence_transformers(minilm_dir, filing_passages,
-                                                              reference, tmp_path):  # fmt: skip
+def test_plain_transformers_dir_matches_sentence_transformers(
+    minilm_dir, filing_passages, reference, tmp_path
+):
     # The same weights without modules.json: AutoModel + our mean pooling + L2 normalisation.
     plain = tmp_path / "plain"
     plain.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "vocab.txt", "special_tokens_map.json"):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+    ):
         if (minilm_dir / name).exists():
             (plain / name).symlink_to(minilm_dir / name)
     encoder = torch_teacher.TorchEncoder(plain, pooling="mean", dtype="float32", device="cpu")
@@ -64,12 +80,19 @@ def test_plain_transformers_dir_matches_sentence_transformers(minilm_dir, filing
 
 def _command(data_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "caliber_jax.embed_teacher", f"--config={REPO / 'configs/demo.py'}",
-        f"--config.data.dir={data_dir}", "--splits=train", "--config.teacher.backend=torch",
-        "--config.teacher.device=cpu", "--config.teacher.chunk_rows=4",
-        "--config.teacher.batch_size=4", f"--config.teacher.max_length={MAX_LENGTH}",
+        sys.executable,
+        "-m",
+        "caliber_jax.embed_teacher",
+        f"--config={REPO / 'configs/demo.py'}",
+        f"--config.data.dir={data_dir}",
+        "--splits=train",
+        "--config.teacher.backend=torch",
+        "--config.teacher.device=cpu",
+        "--config.teacher.chunk_rows=4",
+        "--config.teacher.batch_size=4",
+        f"--config.teacher.max_length={MAX_LENGTH}",
         "--compilation_cache=none",
-    ]  # fmt: skip
+    ]
 
 
 def _write_passages(data_dir: Path, texts: list[str]) -> None:
@@ -80,8 +103,9 @@ def _write_passages(data_dir: Path, texts: list[str]) -> None:
     corpus.save_jsonl(data_dir / "train.jsonl", rows)
 
 
-def test_cli_resumes_after_a_kill_and_checks_the_text_hash(minilm_dir, filing_passages,
-                                                           reference, tmp_path):  # fmt: skip
+def test_cli_resumes_after_a_kill_and_checks_the_text_hash(
+    minilm_dir, filing_passages, reference, tmp_path
+):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     texts = list(filing_passages)
@@ -89,8 +113,9 @@ def test_cli_resumes_after_a_kill_and_checks_the_text_hash(minilm_dir, filing_pa
     store_x = data_dir / "teacher_train" / "x"
     num_chunks = -(-len(texts) // 4)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(_command(data_dir), cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        _command(data_dir), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and process.poll() is None:
         done = store_x / "done"
@@ -104,8 +129,9 @@ def test_cli_resumes_after_a_kill_and_checks_the_text_hash(minilm_dir, filing_pa
     first_chunk = store_x / "c" / str(finished[0]) / "0"
     written_at = first_chunk.stat().st_mtime_ns
 
-    result = subprocess.run(_command(data_dir), cwd=REPO, env=env, capture_output=True,
-                            text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        _command(data_dir), cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(os.listdir(store_x / "done")) == num_chunks
     assert first_chunk.stat().st_mtime_ns == written_at, "a finished chunk was rewritten"
@@ -113,29 +139,52 @@ def test_cli_resumes_after_a_kill_and_checks_the_text_hash(minilm_dir, filing_pa
     resumed = stored[np.arange(len(texts))]
     assert np.abs(resumed - reference).max() <= 1e-5
     metadata = json.loads((store_x / "metadata.json").read_text())
-    assert (metadata["backend"], metadata["pooling"], metadata["native_dim"]) == ("torch", "mean",
-                                                                                  384)  # fmt: skip
+    assert (metadata["backend"], metadata["pooling"], metadata["native_dim"]) == (
+        "torch",
+        "mean",
+        384,
+    )
     assert metadata["text_hash"] == teacher.text_hash(texts)
 
     # The same run from scratch gives an identical store.
     fresh_dir = tmp_path / "fresh"
     fresh_dir.mkdir()
     _write_passages(fresh_dir, texts)
-    fresh = subprocess.run(_command(fresh_dir), cwd=REPO, env=env, capture_output=True,
-                           text=True, check=False)  # fmt: skip
+    fresh = subprocess.run(
+        _command(fresh_dir), cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     for name in ("x", "px"):
         rows = len(texts)
-        again = teacher.open_reader(fresh_dir / "teacher_train" / name, expect_rows=rows,
-                                    expect_dim=384)[np.arange(rows)]  # fmt: skip
-        before = teacher.open_reader(data_dir / "teacher_train" / name, expect_rows=rows,
-                                     expect_dim=384)[np.arange(rows)]  # fmt: skip
+        again = teacher.open_reader(
+            fresh_dir / "teacher_train" / name, expect_rows=rows, expect_dim=384
+        )[np.arange(rows)]
+        before = teacher.open_reader(
+            data_dir / "teacher_train" / name, expect_rows=rows, expect_dim=384
+        )[np.arange(rows)]
         np.testing.assert_array_equal(again, before)
 
     # A changed text list is refused: one line naming the store and the text hash.
     _write_passages(data_dir, [texts[1], texts[0], *texts[2:]])
-    refused = subprocess.run(_command(data_dir), cwd=REPO, env=env, capture_output=True,
-                             text=True, check=False)  # fmt: skip
+    refused = subprocess.run(
+        _command(data_dir), cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {store_x}: existing teacher store has text_hash=")
+
+
+def test_evaluate_encodes_through_the_torch_backend(minilm_dir, filing_passages, reference):
+    from caliber_jax import evaluate
+
+    encode_fn = evaluate._encode_fn(
+        str(minilm_dir),
+        pooling=None,
+        dtype="float32",
+        batch_size=8,
+        max_length=MAX_LENGTH,
+        backend="torch",
+        device="cpu",
+    )
+    vectors = encode_fn(filing_passages[:12])
+    assert np.abs(vectors - reference[:12]).max() <= 1e-5
