@@ -24,7 +24,16 @@ import numpy as np
 from absl import app, flags
 
 from caliber_jax import cli
-from caliber_jax.eval import EncodeFn, asymmetric, embednum, mrl, numfine, numgap, retrieval
+from caliber_jax.eval import (
+    EncodeFn,
+    asymmetric,
+    embednum,
+    mrl,
+    numfine,
+    numgap,
+    retrieval,
+    within_doc,
+)
 
 BM25 = "bm25"
 RETRIEVAL_METRICS = tuple(
@@ -55,6 +64,10 @@ class EvalInputs:
     numfine: list[dict] | None = None
     embednum_per_format: int = 50
     nash_fn: Callable[[Sequence[str], Sequence[str]], np.ndarray] | None = None
+    # FinanceBench within-document ranking (paper 001 VI): items of `within_doc.load_items`,
+    # and an optional baseline model for Cohen's d.
+    within_doc_items: list[dict] | None = None
+    within_doc_baseline: EncodeFn | None = None
 
 
 def _need(value, what: str, task: str):
@@ -118,7 +131,14 @@ def _embednum(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
     return numfine.evaluate_scorers(embednum.evaluate, encode_fn, items, inputs.nash_fn)
 
 
+def _within_doc(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
+    items = _need(inputs.within_doc_items, "--financebench and --filings", "within_doc")
+    return within_doc.evaluate(encode_fn, items, k=5, query_instruction=inputs.query_prompt,
+                               baseline_encode_fn=inputs.within_doc_baseline)  # fmt: skip
+
+
 TASKS: dict[str, Callable[[EncodeFn | None, EvalInputs], dict]] = {
+    "within_doc": _within_doc,
     "financebench": _financebench,
     "numgap": _numgap,
     "mrl": _mrl,
@@ -314,6 +334,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("max_length", None, "Token limit (default: the model's, at most 512).")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
     flags.DEFINE_string("label", None, "Row name in tables and plots (default: model dir name).")
+    flags.DEFINE_string("filings", None, "Filings JSONL(.gz) with the FinanceBench evidence "
+                        "filings (task within_doc).")  # fmt: skip
+    flags.DEFINE_integer("within_doc_max_docs", 0, "within_doc: evidence filings used (0: all).")
+    flags.DEFINE_string("within_doc_baseline", None, "within_doc: baseline model dir (Cohen's d).")
 
 
 def _load(model_dir: str, *, pooling, dtype: str, num_layers=None):
@@ -352,6 +376,20 @@ def _nash_fn(embedder, units: list[dict] | None):
     scorer = nash.make_scorer(embedder, idf_texts=texts, threshold_texts=texts, seed=0,
                               num_pairs=2000)  # fmt: skip
     return scorer.score
+
+
+def _with_within_doc(inputs: EvalInputs, values, encode: dict) -> EvalInputs:
+    """Adds the within_doc items (chunked as `caliber_jax.mine` chunks) and the baseline."""
+    if not values.financebench or not values.filings:
+        raise ValueError("task within_doc needs --financebench and --filings")
+    items = within_doc.load_items(values.financebench, values.filings, min_chars=500,
+                                  max_chars=1000, ngram=5, min_fraction=1 / 3,
+                                  max_docs=values.within_doc_max_docs)  # fmt: skip
+    baseline = None
+    if values.within_doc_baseline:
+        model = _load(values.within_doc_baseline, pooling=values.pooling, dtype=values.dtype)
+        baseline = model.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
+    return dataclasses.replace(inputs, within_doc_items=items, within_doc_baseline=baseline)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -411,6 +449,8 @@ def main(argv: Sequence[str]) -> None:
         nash_fn=_nash_fn(embedder, units) if values.nash and embedder is not None else None,
     )
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
+    if "within_doc" in tasks:
+        inputs = _with_within_doc(inputs, values, encode)
     results = run_evaluation(encode_fn, tasks, inputs)
     label = values.label or (BM25 if is_bm25 else Path(values.model).name)
     results.update(model=values.model, label=label, settings=settings)

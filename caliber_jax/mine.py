@@ -1,6 +1,6 @@
 """Iterative mining of paper 001, end to end: the entry point.
 
-    python -m caliber_jax.mine --config configs/mine.py --workdir runs/mine               # 1 iteration
+    python -m caliber_jax.mine --config configs/mine.py --workdir runs/mine    # one iteration
     python -m caliber_jax.mine --config configs/mine.py --workdir runs/mine --iterations 2
 
 Iteration i (a folder `iter_<i>` in the workdir): generate queries over train/val chunks, retrieve
@@ -58,11 +58,16 @@ def load_chunks(config: ml_collections.ConfigDict, path: Path) -> list[dict[str,
             eval_records = eval_records[: data.max_eval_docs]
         elif not config.eval.financebench:
             eval_records = []
-        chunks = list(chunking.make_chunks(records + eval_records, seed=config.chunk.seed,
-                                           min_chars=config.chunk.min_chars,
-                                           max_chars=config.chunk.max_chars,
-                                           val_fraction=config.chunk.val_fraction,
-                                           test_fraction=config.chunk.test_fraction))  # fmt: skip
+        chunks = list(
+            chunking.make_chunks(
+                records + eval_records,
+                seed=config.chunk.seed,
+                min_chars=config.chunk.min_chars,
+                max_chars=config.chunk.max_chars,
+                val_fraction=config.chunk.val_fraction,
+                test_fraction=config.chunk.test_fraction,
+            )
+        )
         if data.max_chunks_per_doc:
             chunks = subsample_chunks(chunks, data.max_chunks_per_doc)
         return chunks
@@ -91,32 +96,19 @@ def _question_counts(path: str) -> dict[str, int]:
     return counts
 
 
-def load_questions(path: str) -> list[dict[str, Any]]:
-    """FinanceBench records with `evidence` parsed (the bundled file stores it as a string)."""
-    import ast
-
-    out = []
-    for line, record in corpus.iter_jsonl(path):
-        evidence = record.get("evidence")
-        if isinstance(evidence, str):
-            try:
-                evidence = ast.literal_eval(evidence)
-            except (ValueError, SyntaxError) as error:
-                raise ValueError(f"{path}:{line}: evidence: unreadable ({error})") from error
-        if not isinstance(evidence, list):
-            raise ValueError(f"{path}:{line}: evidence: expected a list")
-        out.append({**record, "evidence": evidence})
-    return out
-
-
 def make_client(config: ml_collections.ConfigDict, workdir: Path) -> client_lib.OpenAIClient:
     llm = config.llm
     return client_lib.OpenAIClient(
-        base_url=llm.base_url, model=llm.model, api_key_env=llm.api_key_env or None,
-        cache_dir=llm.cache_dir or workdir / "llm_cache", max_retries=llm.max_retries,
-        backoff_seconds=llm.backoff_seconds, max_backoff_seconds=llm.max_backoff_seconds,
-        concurrency=llm.concurrency, timeout_seconds=llm.timeout_seconds,
-    )  # fmt: skip
+        base_url=llm.base_url,
+        model=llm.model,
+        api_key_env=llm.api_key_env or None,
+        cache_dir=llm.cache_dir or workdir / "llm_cache",
+        max_retries=llm.max_retries,
+        backoff_seconds=llm.backoff_seconds,
+        max_backoff_seconds=llm.max_backoff_seconds,
+        concurrency=llm.concurrency,
+        timeout_seconds=llm.timeout_seconds,
+    )
 
 
 def load_student(config: ml_collections.ConfigDict, workdir: Path, iteration: int):
@@ -125,8 +117,12 @@ def load_student(config: ml_collections.ConfigDict, workdir: Path, iteration: in
 
     student = config.student
     if iteration == 0:
-        return Embedder.from_pretrained(student.init_dir, pooling=student.pooling,
-                                        dtype=student.dtype, num_layers=student.num_layers)  # fmt: skip
+        return Embedder.from_pretrained(
+            student.init_dir,
+            pooling=student.pooling,
+            dtype=student.dtype,
+            num_layers=student.num_layers,
+        )
     return Embedder.from_pretrained(model_dir(workdir, iteration - 1), dtype=student.dtype)
 
 
@@ -152,17 +148,27 @@ class Run:
         counts = {s: sum(c["split"] == s for c in self.chunks) for s in (*chunking.SPLITS, "eval")}
         log(f"chunks: {len(self.chunks)} ({counts}) from {len(self.split_of_doc)} documents")
         if not any(c["split"] == "train" for c in self.chunks):
-            raise ValueError(f"{config.data.filings}: no document landed in the train split; "
-                             "change config.chunk.seed or the fractions")  # fmt: skip
+            raise ValueError(
+                f"{config.data.filings}: no document landed in the train split; "
+                "change config.chunk.seed or the fractions"
+            )
         needs_llm = "openai" in (config.queries.backend, config.judge.backend)
         self.client = make_client(config, workdir) if needs_llm else None
         q = config.queries
         self.generator = querygen.make_generator(
-            q.backend, self.client,
-            **({} if q.backend == "offline" else dict(
-                endpoint=q.endpoint, max_tokens=q.max_tokens, temperature=q.temperature,
-                max_document_chars=q.max_document_chars)),
-        )  # fmt: skip
+            q.backend,
+            self.client,
+            **(
+                {}
+                if q.backend == "offline"
+                else dict(
+                    endpoint=q.endpoint,
+                    max_tokens=q.max_tokens,
+                    temperature=q.temperature,
+                    max_document_chars=q.max_document_chars,
+                )
+            ),
+        )
         self._judge = None
         self._judge_embedder = None
 
@@ -171,19 +177,23 @@ class Run:
     def encode_fn(self, embedder, *, queries: bool):
         student = self.config.student
         if queries:
-            return embedder.encode_fn(batch_size=student.encode_batch_size,
-                                      max_length=student.query_max_length,
-                                      query_task=student.query_instruction)  # fmt: skip
-        return embedder.encode_fn(batch_size=student.encode_batch_size,
-                                  max_length=student.max_length)  # fmt: skip
+            return embedder.encode_fn(
+                batch_size=student.encode_batch_size,
+                max_length=student.query_max_length,
+                query_task=student.query_instruction,
+            )
+        return embedder.encode_fn(
+            batch_size=student.encode_batch_size, max_length=student.max_length
+        )
 
     def queries(self, chunks, path: Path, *, per_doc: int, seed: int) -> list[dict[str, Any]]:
         q = self.config.queries
 
         def build():
             sample = mining.sample_chunks_per_doc(chunks, per_doc=q.chunks_per_doc, seed=seed)
-            return mining.generate_queries(self.generator, sample, per_doc=per_doc,
-                                           batch_size=q.batch_size)  # fmt: skip
+            return mining.generate_queries(
+                self.generator, sample, per_doc=per_doc, batch_size=q.batch_size
+            )
 
         return mining.cached_jsonl(path, build)
 
@@ -193,36 +203,49 @@ class Run:
             return self._judge
         config = self.config.judge
         if config.backend == "openai":
-            self._judge = judge_lib.OpenAIJudge(self.client, max_tokens=config.max_tokens,
-                                                max_passage_chars=config.max_passage_chars)  # fmt: skip
+            self._judge = judge_lib.OpenAIJudge(
+                self.client,
+                max_tokens=config.max_tokens,
+                max_passage_chars=config.max_passage_chars,
+            )
         elif config.backend == "embedding":
             from caliber_jax.embedder import Embedder
 
-            embedder = Embedder.from_pretrained(config.model_dir, num_layers=config.num_layers,
-                                                dtype=self.config.student.dtype)  # fmt: skip
-            encode_fn = embedder.encode_fn(batch_size=self.config.student.encode_batch_size,
-                                           max_length=self.config.student.max_length)  # fmt: skip
+            embedder = Embedder.from_pretrained(
+                config.model_dir, num_layers=config.num_layers, dtype=self.config.student.dtype
+            )
+            encode_fn = embedder.encode_fn(
+                batch_size=self.config.student.encode_batch_size,
+                max_length=self.config.student.max_length,
+            )
             path = self.workdir / "judge_calibration.json"
             if path.exists():
                 calibration = judge_lib.load_calibration(path)
             else:
                 uncalibrated = judge_lib.EmbeddingJudge(encode_fn, [0.0, 0.0, 0.0])
                 calibration = mining.calibrate_embedding_judge(
-                    uncalibrated, calibration_queries, self.tv_chunks,
+                    uncalibrated,
+                    calibration_queries,
+                    self.tv_chunks,
                     positive_quantile=config.positive_quantile,
-                    negative_quantile=config.negative_quantile, seed=self.config.seed,
-                )  # fmt: skip
+                    negative_quantile=config.negative_quantile,
+                    seed=self.config.seed,
+                )
                 calibration["judge_model"] = config.model_dir
                 calibration["judge_num_layers"] = config.num_layers
                 judge_lib.save_calibration(path, calibration)
             log(f"judge: embedding, thresholds {np.round(calibration['thresholds'], 4).tolist()}")
             self._judge = judge_lib.EmbeddingJudge(encode_fn, calibration["thresholds"])
         elif config.backend == "financebench":
-            raise ValueError("judge backend 'financebench' labels FinanceBench questions only; "
-                             "it grades evaluation, not mining (use 'embedding' or 'openai')")  # fmt: skip
+            raise ValueError(
+                "judge backend 'financebench' labels FinanceBench questions only; "
+                "it grades evaluation, not mining (use 'embedding' or 'openai')"
+            )
         else:
-            raise ValueError(f"config.judge.backend={config.backend!r}: expected embedding, "
-                             "openai or financebench")  # fmt: skip
+            raise ValueError(
+                f"config.judge.backend={config.backend!r}: expected embedding, "
+                "openai or financebench"
+            )
         return self._judge
 
     def seen_triples(self, iteration: int) -> set[tuple[str, str, str]]:
@@ -242,31 +265,51 @@ class Run:
         it.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         student = load_student(config, self.workdir, i)
-        queries = self.queries(self.tv_chunks, it / "queries.jsonl", per_doc=config.queries.per_doc,
-                               seed=config.seed * 1000 + i)  # fmt: skip
+        queries = self.queries(
+            self.tv_chunks,
+            it / "queries.jsonl",
+            per_doc=config.queries.per_doc,
+            seed=config.seed * 1000 + i,
+        )
         queries = self.add_synthetic(queries, student, it)
         log(f"iteration {i}: {len(queries)} queries")
 
         def build_candidates():
             chunk_vecs = mining.encode_chunks(
-                self.encode_fn(student, queries=False), [c["text"] for c in self.tv_chunks],
-                it / "vectors" / "chunks", model_name=f"bi-enc({i})", dim=student.dim,
-                batch_rows=256, chunk_rows=1024,
-            )  # fmt: skip
+                self.encode_fn(student, queries=False),
+                [c["text"] for c in self.tv_chunks],
+                it / "vectors" / "chunks",
+                model_name=f"bi-enc({i})",
+                dim=student.dim,
+                batch_rows=256,
+                chunk_rows=1024,
+            )
             query_vecs = self.encode_fn(student, queries=True)([q["text"] for q in queries])
             m = config.mining
             return mining.retrieve_candidates(
-                queries, query_vecs, self.tv_chunks, chunk_vecs, top_k_corpus=m.top_k_corpus,
-                max_docs=m.max_docs_per_query, k=m.k, omega=m.omega, seed=config.seed + i,
-            )  # fmt: skip
+                queries,
+                query_vecs,
+                self.tv_chunks,
+                chunk_vecs,
+                top_k_corpus=m.top_k_corpus,
+                max_docs=m.max_docs_per_query,
+                k=m.k,
+                omega=m.omega,
+                seed=config.seed + i,
+            )
 
         candidates = mining.cached_jsonl(it / "candidates.jsonl", build_candidates)
         log(f"iteration {i}: {len(candidates)} candidates")
         if stop_after == "candidates":
             return None
-        judged = mining.judge_candidates(self.judge(queries), candidates, self.chunk_by_id,
-                                         it / "judgments.jsonl", batch_size=config.judge.batch_size,
-                                         log_fn=log)  # fmt: skip
+        judged = mining.judge_candidates(
+            self.judge(queries),
+            candidates,
+            self.chunk_by_id,
+            it / "judgments.jsonl",
+            batch_size=config.judge.batch_size,
+            log_fn=log,
+        )
         grades = [j["grade"] for j in judged]
         histogram = {g: grades.count(g) for g in (1, 2, 3, 4, None)}
         log(f"iteration {i}: judged {len(judged)}, grades {histogram}")
@@ -276,10 +319,15 @@ class Run:
         def build_triples():
             m, loss = config.mining, config.loss
             split = mining.mine_triples(
-                judged, self.split_of_doc, self.seen_triples(i), margin=loss.margin,
-                distance=loss.distance, correct_ratio=m.correct_ratio,
-                max_per_group=m.max_triples_per_group, seed=config.seed + i,
-            )  # fmt: skip
+                judged,
+                self.split_of_doc,
+                self.seen_triples(i),
+                margin=loss.margin,
+                distance=loss.distance,
+                correct_ratio=m.correct_ratio,
+                max_per_group=m.max_triples_per_group,
+                seed=config.seed + i,
+            )
             return [{**t, "split": s} for s in ("train", "val") for t in split[s]]
 
         new = mining.cached_jsonl(it / "triples.jsonl", build_triples)
@@ -290,30 +338,42 @@ class Run:
             return None
 
         # Step 5: the triples of iterations 0..i together.
-        all_triples = [t for j in range(i + 1)
-                       for t in corpus.load_jsonl(self.workdir / f"iter_{j}" / "triples.jsonl")]  # fmt: skip
+        all_triples = [
+            t
+            for j in range(i + 1)
+            for t in corpus.load_jsonl(self.workdir / f"iter_{j}" / "triples.jsonl")
+        ]
         train = [t for t in all_triples if t["split"] == "train"]
         val = [t for t in all_triples if t["split"] == "val"]
         if not train:
-            raise ValueError(f"iteration {i}: no training triples were mined; judge more "
-                             "chunks (config.queries.per_doc, config.mining.*)")  # fmt: skip
+            raise ValueError(
+                f"iteration {i}: no training triples were mined; judge more "
+                "chunks (config.queries.per_doc, config.mining.*)"
+            )
         init_dir = config.student.init_dir if i == 0 else str(model_dir(self.workdir, i - 1))
         student_cfg = config.student
-        del student  # free the encoder before training
         summary = trainer.train_triplets(
-            mining.triple_texts(train, self.chunk_by_id), mining.triple_texts(val, self.chunk_by_id),
-            workdir=it / "train", init_dir=init_dir,
+            mining.triple_texts(train, self.chunk_by_id),
+            mining.triple_texts(val, self.chunk_by_id),
+            workdir=it / "train",
+            init_dir=init_dir,
             num_layers=student_cfg.num_layers if i == 0 else None,
-            pooling=student_cfg.pooling if i == 0 else None, dtype=student_cfg.dtype,
-            batch_size=config.train.batch_size, max_length=student_cfg.max_length,
+            pooling=student_cfg.pooling if i == 0 else None,
+            dtype=student_cfg.dtype,
+            batch_size=config.train.batch_size,
+            max_length=student_cfg.max_length,
             query_max_length=student_cfg.query_max_length,
-            query_instruction=student_cfg.query_instruction, num_epochs=config.train.num_epochs,
+            query_instruction=student_cfg.query_instruction,
+            num_epochs=config.train.num_epochs,
             max_steps=config.train.max_steps,
-            margin=config.loss.margin, distance=config.loss.distance,
-            optim_config=config.optim.to_dict(), seed=config.seed + i,
-            checkpoint_every=config.train.checkpoint_every, log_every=config.train.log_every,
+            margin=config.loss.margin,
+            distance=config.loss.distance,
+            optim_config=config.optim.to_dict(),
+            seed=config.seed + i,
+            checkpoint_every=config.train.checkpoint_every,
+            log_every=config.train.log_every,
             log_fn=log,
-        )  # fmt: skip
+        )
         if not (model_dir(self.workdir, i) / "config.json").exists():
             from caliber_jax import export
 
@@ -343,21 +403,38 @@ class Run:
         if q.synthetic_num <= 0:
             return queries
         if self.client is None:
-            raise ValueError("config.queries.synthetic_num > 0 needs an LLM (config.llm and "
-                             "queries.backend='openai')")  # fmt: skip
+            raise ValueError(
+                "config.queries.synthetic_num > 0 needs an LLM (config.llm and "
+                "queries.backend='openai')"
+            )
 
         def build():
             texts = [query["text"] for query in queries]
             vecs = self.encode_fn(student, queries=True)(texts)
             clusters = kmeans(vecs, q.synthetic_clusters, seed=self.config.seed)
             made = querygen.synthesize_queries(
-                self.client, texts, clusters, num_queries=q.synthetic_num, doc_class=q.doc_class,
-                per_prompt=q.synthetic_per_prompt, min_words=q.synthetic_min_words,
-                max_prompts=q.synthetic_max_prompts, seed=self.config.seed,
+                self.client,
+                texts,
+                clusters,
+                num_queries=q.synthetic_num,
+                doc_class=q.doc_class,
+                per_prompt=q.synthetic_per_prompt,
+                min_words=q.synthetic_min_words,
+                max_prompts=q.synthetic_max_prompts,
+                seed=self.config.seed,
                 temperature=q.synthetic_temperature,
-            )  # fmt: skip
-            return [{"id": f"s:{it.name}:{n}", "text": text, "doc_name": None, "chunk_id": None,
-                     "score": None, "kind": "synthetic"} for n, text in enumerate(made)]  # fmt: skip
+            )
+            return [
+                {
+                    "id": f"s:{it.name}:{n}",
+                    "text": text,
+                    "doc_name": None,
+                    "chunk_id": None,
+                    "score": None,
+                    "kind": "synthetic",
+                }
+                for n, text in enumerate(made)
+            ]
 
         return queries + mining.cached_jsonl(it / "synthetic_queries.jsonl", build)
 
@@ -368,11 +445,17 @@ class Run:
         documents; FinanceBench within-document ranking vs bi-enc(i) and vs bi-enc(0)."""
         config, it = self.config, self.workdir / f"iter_{i}"
         out: dict[str, Any] = {}
-        models = {"base": load_student(self.config, self.workdir, i),
-                  "exp": load_student(self.config, self.workdir, i + 1)}  # fmt: skip
+        models = {
+            "base": load_student(self.config, self.workdir, i),
+            "exp": load_student(self.config, self.workdir, i + 1),
+        }
         if self.test_chunks:
-            test_queries = self.queries(self.test_chunks, self.workdir / "test_queries.jsonl",
-                                        per_doc=config.queries.test_per_doc, seed=10**6)  # fmt: skip
+            test_queries = self.queries(
+                self.test_chunks,
+                self.workdir / "test_queries.jsonl",
+                per_doc=config.queries.test_per_doc,
+                seed=10**6,
+            )
             if test_queries:
                 texts = [q["text"] for q in test_queries]
                 query_vecs, chunk_vecs = {}, {}
@@ -380,23 +463,37 @@ class Run:
                     query_vecs[name] = self.encode_fn(embedder, queries=True)(texts)
                     chunk_vecs[name] = mining.encode_chunks(
                         self.encode_fn(embedder, queries=False),
-                        [c["text"] for c in self.test_chunks], it / "vectors" / f"test_{name}",
-                        model_name=name, dim=embedder.dim, batch_rows=256, chunk_rows=1024,
-                    )  # fmt: skip
+                        [c["text"] for c in self.test_chunks],
+                        it / "vectors" / f"test_{name}",
+                        model_name=name,
+                        dim=embedder.dim,
+                        batch_rows=256,
+                        chunk_rows=1024,
+                    )
                 rankings = mining.eval_rankings(
-                    test_queries, query_vecs, self.test_chunks, chunk_vecs,
-                    top_k_corpus=config.eval.top_k_corpus, max_docs=config.eval.max_docs_per_query,
-                )  # fmt: skip
-                per_model = mining.judged_eval(rankings, self.judge(test_queries), self.chunk_by_id,
-                                               self.workdir / "eval_judgments.jsonl",
-                                               k=config.eval.k)  # fmt: skip
+                    test_queries,
+                    query_vecs,
+                    self.test_chunks,
+                    chunk_vecs,
+                    top_k_corpus=config.eval.top_k_corpus,
+                    max_docs=config.eval.max_docs_per_query,
+                )
+                per_model = mining.judged_eval(
+                    rankings,
+                    self.judge(test_queries),
+                    self.chunk_by_id,
+                    self.workdir / "eval_judgments.jsonl",
+                    k=config.eval.k,
+                )
                 out["heldout_judged"] = within_doc.compare(per_model["base"], per_model["exp"])
                 log(f"iteration {i}: held-out " + _line(out["heldout_judged"]))
         if config.eval.financebench and self.eval_chunks:
             items = within_doc.financebench_items(
-                load_questions(config.eval.financebench), mining.group_by_doc(self.eval_chunks),
-                ngram=config.eval.ngram, min_fraction=config.eval.min_fraction,
-            )  # fmt: skip
+                within_doc.load_questions(config.eval.financebench),
+                mining.group_by_doc(self.eval_chunks),
+                ngram=config.eval.ngram,
+                min_fraction=config.eval.min_fraction,
+            )
             scores = {}
             for name, index in (("bi-enc(0)", 0), ("base", i), ("exp", i + 1)):
                 path = self.workdir / "financebench_scores" / f"bi-enc{index}.json"
@@ -409,9 +506,11 @@ class Run:
                         embedder = load_student(self.config, self.workdir, index)
                     encode = self.encode_fn(embedder, queries=False)
                     result = within_doc.financebench_scores(
-                        encode, items, k=config.eval.k,
+                        encode,
+                        items,
+                        k=config.eval.k,
                         query_instruction=config.student.query_instruction,
-                    )  # fmt: skip
+                    )
                     corpus.save_json(path, result)
                 scores[name] = json.loads(path.read_text())
             out["financebench_within_doc"] = {
@@ -420,14 +519,18 @@ class Run:
                 "vs_previous": within_doc.compare(scores["base"], scores["exp"]),
                 "vs_base": within_doc.compare(scores["bi-enc(0)"], scores["exp"]),
             }
-            log(f"iteration {i}: FinanceBench vs bi-enc(0) "
-                + _line(out["financebench_within_doc"]["vs_base"]))  # fmt: skip
+            log(
+                f"iteration {i}: FinanceBench vs bi-enc(0) "
+                + _line(out["financebench_within_doc"]["vs_base"])
+            )
         return out
 
 
 def _line(comparison: dict[str, dict[str, float]]) -> str:
-    return ", ".join(f"{m} {v['base']:.4f} -> {v['exp']:.4f} (d {v['cohens_d']:+.3f})"
-                     for m, v in comparison.items())  # fmt: skip
+    return ", ".join(
+        f"{m} {v['base']:.4f} -> {v['exp']:.4f} (d {v['cohens_d']:+.3f})"
+        for m, v in comparison.items()
+    )
 
 
 def kmeans(vectors: np.ndarray, k: int, *, seed: int, steps: int = 20) -> np.ndarray:
@@ -445,8 +548,13 @@ def kmeans(vectors: np.ndarray, k: int, *, seed: int, steps: int = 20) -> np.nda
     return np.argmax(vectors @ centers.T, axis=1)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | Path, *, iterations: int,
-        stop_after: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str | Path,
+    *,
+    iterations: int,
+    stop_after: str | None = None,
+) -> list[dict[str, Any]]:
     """Runs (or resumes) `iterations` iterations; returns the finished iterations' summaries."""
     if stop_after is not None and stop_after not in STAGES:
         raise ValueError(f"--stop_after={stop_after!r}, expected one of {STAGES}")
@@ -470,8 +578,12 @@ def main(argv) -> None:
     values = flags.FLAGS
     config = values.config
     started = time.perf_counter()
-    results = run(config, values.workdir, iterations=values.iterations or config.iterations,
-                  stop_after=values.stop_after)  # fmt: skip
+    results = run(
+        config,
+        values.workdir,
+        iterations=values.iterations or config.iterations,
+        stop_after=values.stop_after,
+    )
     log(f"finished {len(results)} iteration(s) in {time.perf_counter() - started:.0f} s")
 
 

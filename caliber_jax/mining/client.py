@@ -90,8 +90,9 @@ class OpenAIClient:
         sleep_fn: how to wait between retries (tests pass a recorder).
         """
         if concurrency < 1 or max_retries < 0:
-            raise ValueError(f"need concurrency >= 1 and max_retries >= 0, got {concurrency}, "
-                             f"{max_retries}")  # fmt: skip
+            raise ValueError(
+                f"need concurrency >= 1 and max_retries >= 0, got {concurrency}, {max_retries}"
+            )
         base = base_url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.model = model
@@ -160,8 +161,9 @@ class OpenAIClient:
             except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
                 if attempt == self.max_retries:
                     raise RequestError(f"{url}: {error}") from error
-            self.sleep_fn(min(retry_after if retry_after is not None else delay,
-                              self.max_backoff_seconds))  # fmt: skip
+            self.sleep_fn(
+                min(retry_after if retry_after is not None else delay, self.max_backoff_seconds)
+            )
             delay *= 2
         raise AssertionError("unreachable")
 

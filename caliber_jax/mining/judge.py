@@ -52,8 +52,9 @@ Passage: {passage}
 
 Answer with the score only: a single digit 1, 2, 3 or 4."""
 
-_GRADE_RE = re.compile(r"^\s*(?:\**\s*(?:score|grade|relevance)\s*[:=]?\s*)?\**\s*([1-4])\s*\**\.?\s*$",
-                       re.IGNORECASE)  # fmt: skip
+_GRADE_RE = re.compile(
+    r"^\s*(?:\**\s*(?:score|grade|relevance)\s*[:=]?\s*)?\**\s*([1-4])\s*\**\.?\s*$", re.IGNORECASE
+)
 
 
 def judge_prompt(query: str, passage: str) -> str:
@@ -71,8 +72,7 @@ def parse_grade(text: str) -> int | None:
 class OpenAIJudge:
     """An LLM judge on an OpenAI-compatible chat server (temperature 0, a few tokens)."""
 
-    def __init__(self, client: client_lib.OpenAIClient, *, max_tokens: int,
-                 max_passage_chars: int):  # fmt: skip
+    def __init__(self, client: client_lib.OpenAIClient, *, max_tokens: int, max_passage_chars: int):
         self.client = client
         self.max_tokens = max_tokens
         self.max_passage_chars = max_passage_chars
@@ -81,11 +81,21 @@ class OpenAIJudge:
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
     ) -> list[int | None]:
         calls = [
-            ("chat", {"messages": [{"role": "user", "content": judge_prompt(
-                query, chunk["text"][: self.max_passage_chars])}],
-                "temperature": 0.0, "max_tokens": self.max_tokens})
+            (
+                "chat",
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": judge_prompt(query, chunk["text"][: self.max_passage_chars]),
+                        }
+                    ],
+                    "temperature": 0.0,
+                    "max_tokens": self.max_tokens,
+                },
+            )
             for query, chunk in zip(queries, chunks, strict=True)
-        ]  # fmt: skip
+        ]
         return [
             parse_grade((client_lib.choice_texts(response) or [""])[0])
             for response in self.client.map(calls)
@@ -104,9 +114,12 @@ def grades_from_cosine(cosines: np.ndarray, thresholds: Sequence[float]) -> np.n
 
 
 def calibrate_thresholds(
-    positive: np.ndarray, negative: np.ndarray, *, positive_quantile: float,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    *,
+    positive_quantile: float,
     negative_quantile: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Cosine thresholds of the embedding judge from labelled calibration pairs.
 
     Positives are (query, the chunk it was generated from), negatives (query, a random chunk of
@@ -151,8 +164,13 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
 class EmbeddingJudge:
     """Grades by the cosine of a local teacher `encode_fn` and calibrated thresholds."""
 
-    def __init__(self, encode_fn: Callable[[list[str]], np.ndarray], thresholds: Sequence[float],
-                 *, query_instruction: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        encode_fn: Callable[[list[str]], np.ndarray],
+        thresholds: Sequence[float],
+        *,
+        query_instruction: str | None = None,
+    ):
         self.encode_fn = encode_fn
         self.thresholds = list(thresholds)
         self.query_instruction = query_instruction
@@ -171,8 +189,10 @@ class EmbeddingJudge:
             return np.zeros((0,), np.float32)
         texts = [_with_instruction(q, self.query_instruction) for q in queries]
         vectors = self._encode(texts + [chunk["text"] for chunk in chunks])
-        return np.array([float(vectors[q] @ vectors[c["text"]]) for q, c in
-                         zip(texts, chunks, strict=True)], np.float32)  # fmt: skip
+        return np.array(
+            [float(vectors[q] @ vectors[c["text"]]) for q, c in zip(texts, chunks, strict=True)],
+            np.float32,
+        )
 
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
@@ -197,5 +217,7 @@ class FinanceBenchJudge:
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
     ) -> list[int | None]:
-        return [4 if chunk["id"] in self.relevant.get(query, ()) else 1
-                for query, chunk in zip(queries, chunks, strict=True)]  # fmt: skip
+        return [
+            4 if chunk["id"] in self.relevant.get(query, ()) else 1
+            for query, chunk in zip(queries, chunks, strict=True)
+        ]

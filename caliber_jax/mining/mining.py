@@ -66,17 +66,30 @@ def generate_queries(
 
 
 def encode_chunks(
-    encode_fn: EncodeFn, texts: Sequence[str], path: Path, *, model_name: str, dim: int,
-    batch_rows: int, chunk_rows: int,
-) -> np.ndarray:  # fmt: skip
+    encode_fn: EncodeFn,
+    texts: Sequence[str],
+    path: Path,
+    *,
+    model_name: str,
+    dim: int,
+    batch_rows: int,
+    chunk_rows: int,
+) -> np.ndarray:
     """Student vectors of `texts` in a TensorStore array at `path` (resumable); returns `[N, D]`."""
     teacher.embed_to_store(
-        encode_fn, list(texts), path, batch_rows=batch_rows, dim=dim, chunk_rows=chunk_rows,
-        process_index=0, process_count=1,
+        encode_fn,
+        list(texts),
+        path,
+        batch_rows=batch_rows,
+        dim=dim,
+        chunk_rows=chunk_rows,
+        process_index=0,
+        process_count=1,
         metadata={"teacher": model_name, "pooling": "model", "native_dim": dim},
-    )  # fmt: skip
-    reader = teacher.open_reader(path, expect_rows=len(texts), expect_dim=dim,
-                                 expect_hash=teacher.text_hash(texts))  # fmt: skip
+    )
+    reader = teacher.open_reader(
+        path, expect_rows=len(texts), expect_dim=dim, expect_hash=teacher.text_hash(texts)
+    )
     return reader[np.arange(len(texts))]
 
 
@@ -114,11 +127,20 @@ def retrieve_candidates(
             rng = np.random.default_rng([seed, q_index, len(out)])
             ranked_ids = [chunks[row]["id"] for row in order]
             score_of = {chunks[row]["id"]: float(scores[row]) for row in order}
-            for chunk_id, rank, in_top in sampling.select_candidates(ranked_ids, k=k, omega=omega,
-                                                                     rng=rng):  # fmt: skip
-                out.append({"query_id": query["id"], "query": query["text"], "doc_name": doc,
-                            "chunk_id": chunk_id, "rank": rank, "top": in_top,
-                            "score": score_of[chunk_id]})  # fmt: skip
+            for chunk_id, rank, in_top in sampling.select_candidates(
+                ranked_ids, k=k, omega=omega, rng=rng
+            ):
+                out.append(
+                    {
+                        "query_id": query["id"],
+                        "query": query["text"],
+                        "doc_name": doc,
+                        "chunk_id": chunk_id,
+                        "rank": rank,
+                        "top": in_top,
+                        "score": score_of[chunk_id],
+                    }
+                )
     return out
 
 
@@ -156,10 +178,14 @@ def judge_candidates(
     with open(partial, "a", encoding="utf-8") as handle:
         for start in range(done, len(candidates), batch_size):
             batch = candidates[start : start + batch_size]
-            grades = judge.grade([c["query"] for c in batch],
-                                 [chunk_by_id[c["chunk_id"]] for c in batch])  # fmt: skip
-            handle.write("".join(json.dumps({**c, "grade": g}) + "\n"
-                                 for c, g in zip(batch, grades, strict=True)))  # fmt: skip
+            grades = judge.grade(
+                [c["query"] for c in batch], [chunk_by_id[c["chunk_id"]] for c in batch]
+            )
+            handle.write(
+                "".join(
+                    json.dumps({**c, "grade": g}) + "\n" for c, g in zip(batch, grades, strict=True)
+                )
+            )
             handle.flush()
             os.fsync(handle.fileno())
     os.replace(partial, path)
@@ -189,8 +215,9 @@ def calibrate_embedding_judge(
     texts = [q["text"] for q in with_source]
     positive = embedding_judge.cosines(texts, [chunk_by_id[q["chunk_id"]] for q in with_source])
     negative = embedding_judge.cosines(texts, negatives)
-    return judge_lib.calibrate_thresholds(positive, negative, positive_quantile=positive_quantile,
-                                          negative_quantile=negative_quantile)  # fmt: skip
+    return judge_lib.calibrate_thresholds(
+        positive, negative, positive_quantile=positive_quantile, negative_quantile=negative_quantile
+    )
 
 
 def mine_triples(
@@ -207,9 +234,14 @@ def mine_triples(
     """Step 4: same-document triples (> 3 vs < 3), hard plus already-correct, minus those of
     earlier iterations (`seen`, updated); split by the document's split ("train" / "val")."""
     extracted = triples.extract_triples(judged)
-    kept = triples.select_triples(extracted, margin=margin, distance=distance,
-                                  correct_ratio=correct_ratio, max_per_group=max_per_group,
-                                  seed=seed)  # fmt: skip
+    kept = triples.select_triples(
+        extracted,
+        margin=margin,
+        distance=distance,
+        correct_ratio=correct_ratio,
+        max_per_group=max_per_group,
+        seed=seed,
+    )
     fresh = triples.deduplicate(kept, seen)
     out: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
     for triple in fresh:
@@ -221,8 +253,10 @@ def triple_texts(
     records: Sequence[Mapping[str, Any]], chunk_by_id: Mapping[str, Mapping[str, Any]]
 ) -> list[tuple[str, str, str]]:
     """(query, c_rel text, c_irrel text) of triple records."""
-    return [(t["query"], chunk_by_id[t["pos_id"]]["text"], chunk_by_id[t["neg_id"]]["text"])
-            for t in records]  # fmt: skip
+    return [
+        (t["query"], chunk_by_id[t["pos_id"]]["text"], chunk_by_id[t["neg_id"]]["text"])
+        for t in records
+    ]
 
 
 def eval_rankings(
@@ -282,8 +316,9 @@ def judged_eval(
         if missing:
             grades = judge.grade([q for q, _ in missing], [chunk_by_id[c] for _, c in missing])
             cache.update(zip(missing, grades, strict=True))
-            corpus.save_jsonl(cache_path, ({"query": q, "chunk_id": c, "grade": g}
-                                           for (q, c), g in cache.items()))  # fmt: skip
+            corpus.save_jsonl(
+                cache_path, ({"query": q, "chunk_id": c, "grade": g} for (q, c), g in cache.items())
+            )
         return [cache[pair] for pair in pairs]
 
     per_model, _ = within_doc.judged_at_k(rankings, grade_fn, k=k)

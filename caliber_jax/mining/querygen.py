@@ -29,7 +29,9 @@ _PERIOD_RE = re.compile(
     rf"\b(?:(?:first|second|third|fourth) quarter of (?:fiscal )?{_YEAR}|fiscal (?:year )?{_YEAR}"
     rf"|(?:year|quarter) ended [A-Z][a-z]+ \d{{1,2}}, {_YEAR}|{_YEAR})\b"
 )
-_AMOUNT = r"\$\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:million|billion|thousand))?|\d+(?:\.\d+)?\s?(?:%|percent)"
+_AMOUNT = (
+    r"\$\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:million|billion|thousand))?|\d+(?:\.\d+)?\s?(?:%|percent)"
+)
 _FACT_RE = re.compile(
     r"(?P<item>(?:[A-Za-z][A-Za-z&'\u2019\-]*\s){1,7}?)"
     r"(?P<verb>increased|decreased|rose|declined|grew|fell|was|were|totaled|totalled|amounted to"
@@ -74,12 +76,14 @@ def numeric_facts(text: str) -> list[dict[str, Any]]:
         sentence_end = text.find(". ", match.end())
         sentence = text[sentence_start : sentence_end if sentence_end >= 0 else len(text)]
         period = _PERIOD_RE.search(sentence) or chunk_period
-        facts.append({
-            "item": item,
-            "verb": match.group("verb"),
-            "amount": match.group("amount"),
-            "period": period.group(0) if period else None,
-        })  # fmt: skip
+        facts.append(
+            {
+                "item": item,
+                "verb": match.group("verb"),
+                "amount": match.group("amount"),
+                "period": period.group(0) if period else None,
+            }
+        )
     return facts
 
 
@@ -94,7 +98,7 @@ def fact_question(fact: Mapping[str, Any]) -> str:
 
 
 def fact_score(fact: Mapping[str, Any]) -> float:
-    """Offline stand-in for the InPars score: specific facts (a period, 2-4 word item) rank first."""
+    """Offline stand-in for the InPars score: specific facts (a period, 2-4 words) rank first."""
     words = len(fact["item"].split())
     return (1.0 if fact["period"] else 0.0) - 0.25 * abs(words - 3)
 
@@ -143,8 +147,15 @@ def parse_query(text: str) -> str | None:
 class OpenAIQueryGenerator:
     """InPars query generation on an OpenAI-compatible server, scored by mean token log-prob."""
 
-    def __init__(self, client: client_lib.OpenAIClient, *, endpoint: str, max_tokens: int,
-                 temperature: float, max_document_chars: int):  # fmt: skip
+    def __init__(
+        self,
+        client: client_lib.OpenAIClient,
+        *,
+        endpoint: str,
+        max_tokens: int,
+        temperature: float,
+        max_document_chars: int,
+    ):
         """Args:
         client: the server.
         endpoint: "completions" (raw prompt, as InPars) or "chat" (prompt as the user message).
@@ -164,10 +175,17 @@ class OpenAIQueryGenerator:
         prompt = INPARS_PROMPT.format(document=chunk["text"][: self.max_document_chars])
         params = {"max_tokens": self.max_tokens, "temperature": self.temperature}
         if self.endpoint == "chat":
-            return "chat", {"messages": [{"role": "user", "content": prompt}], "logprobs": True,
-                            **params}  # fmt: skip
-        return "completions", {"prompt": prompt, "logprobs": 1, "stop": ["\n\n", "Example"],
-                               **params}  # fmt: skip
+            return "chat", {
+                "messages": [{"role": "user", "content": prompt}],
+                "logprobs": True,
+                **params,
+            }
+        return "completions", {
+            "prompt": prompt,
+            "logprobs": 1,
+            "stop": ["\n\n", "Example"],
+            **params,
+        }
 
     def generate(self, chunks: Sequence[Mapping[str, Any]]) -> list[Scored]:
         responses = self.client.map([self._call(chunk) for chunk in chunks])
@@ -206,8 +224,16 @@ def select_top(
         ranked = sorted(unique, key=lambda item: (item[2] is None, -(item[2] or 0.0), item[0]))
         for position, query, score in sorted(ranked[:per_doc]):
             chunk = chunks[position]
-            selected.append({"id": f"q:{chunk['id']}", "text": query, "doc_name": doc_name,
-                             "chunk_id": chunk["id"], "score": score, "kind": "inpars"})  # fmt: skip
+            selected.append(
+                {
+                    "id": f"q:{chunk['id']}",
+                    "text": query,
+                    "doc_name": doc_name,
+                    "chunk_id": chunk["id"],
+                    "score": score,
+                    "kind": "inpars",
+                }
+            )
     return selected
 
 
@@ -269,8 +295,9 @@ def synthesize_queries(
         groups = rng.sample(sorted(by_cluster), min(per_prompt, len(by_cluster)))
         shots = [rng.choice(by_cluster[group]) for group in groups]
         prompt = SYNTHETIC_PROMPT.format(doc_class=doc_class, examples="\n".join(shots))
-        response = client.chat([{"role": "user", "content": prompt}], temperature=temperature,
-                               max_tokens=400)  # fmt: skip
+        response = client.chat(
+            [{"role": "user", "content": prompt}], temperature=temperature, max_tokens=400
+        )
         for text in client_lib.choice_texts(response):
             for line in text.splitlines():
                 query = accept_query(line, min_words=min_words, seen=seen)
@@ -280,9 +307,10 @@ def synthesize_queries(
     return accepted
 
 
-def make_generator(backend: str, client: client_lib.OpenAIClient | None, **kwargs: Any
-                   ) -> QueryGenerator:  # fmt: skip
-    """"offline" or "openai" (the latter needs a client and OpenAIQueryGenerator's kwargs)."""
+def make_generator(
+    backend: str, client: client_lib.OpenAIClient | None, **kwargs: Any
+) -> QueryGenerator:
+    """ "offline" or "openai" (the latter needs a client and OpenAIQueryGenerator's kwargs)."""
     if backend == "offline":
         return OfflineQueryGenerator()
     if backend == "openai":

@@ -26,16 +26,25 @@ Triplet = tuple[str, str, str]
 
 
 class TripletBatches:
-    """Maps a batch index to a tokenized triplet batch padded to fixed lengths (picklable for Grain):
+    """Maps a batch index to a tokenized triplet batch of fixed shapes (picklable for Grain):
     `query_*` `[B, query_max_length]`, `pos_*` and `neg_*` `[B, max_length]` int32.
 
     Batch b of epoch e takes rows `order_e[b*B:(b+1)*B]`, with `order_e` a permutation seeded by
     (seed, e); the last partial batch of an epoch is padded with copies of row 0 at weight 0.
     """
 
-    def __init__(self, triplets: Sequence[Triplet], *, tokenizer_dir: str, batch_size: int,
-                 max_length: int, query_max_length: int, seed: int, pad_id: int,
-                 query_instruction: str | None):  # fmt: skip
+    def __init__(
+        self,
+        triplets: Sequence[Triplet],
+        *,
+        tokenizer_dir: str,
+        batch_size: int,
+        max_length: int,
+        query_max_length: int,
+        seed: int,
+        pad_id: int,
+        query_instruction: str | None,
+    ):
         if not triplets:
             raise ValueError("no triplets to train on")
         self.triplets = list(triplets)
@@ -81,9 +90,11 @@ class TripletBatches:
         picked = [self.triplets[r] for r in np.where(real, rows, rows[0])]
         queries = [tokenization.format_query(t[0], self.query_instruction) for t in picked]
         batch = {"weight": real.astype(np.float32), "index": rows}
-        for name, texts, limit in (("query", queries, self.query_max_length),
-                                   ("pos", [t[1] for t in picked], self.max_length),
-                                   ("neg", [t[2] for t in picked], self.max_length)):  # fmt: skip
+        for name, texts, limit in (
+            ("query", queries, self.query_max_length),
+            ("pos", [t[1] for t in picked], self.max_length),
+            ("neg", [t[2] for t in picked], self.max_length),
+        ):
             batch[f"{name}_input_ids"], batch[f"{name}_attention_mask"] = self._tokenize(
                 texts, limit
             )
@@ -95,15 +106,30 @@ def make_loader(batches: TripletBatches, num_batches: int) -> grain.IterDataset:
     return grain.MapDataset.range(num_batches).map(batches).to_iter_dataset()
 
 
-def write_resolved_config(workdir: Path, *, init_dir: str, pooling: str | None,
-                          num_layers: int | None, max_length: int, settings: dict) -> None:  # fmt: skip
+def write_resolved_config(
+    workdir: Path,
+    *,
+    init_dir: str,
+    pooling: str | None,
+    num_layers: int | None,
+    max_length: int,
+    settings: dict,
+) -> None:
     """The `config.json` that `export.export` reads (model + data.max_length) plus the settings."""
-    hf.save_json({
-        "model": {"init_dir": init_dir, "pooling": pooling, "num_layers": num_layers,
-                  "out_dim": None, "tokenizer_dir": None},
-        "data": {"max_length": max_length},
-        "triplet": settings,
-    }, workdir / "config.json")  # fmt: skip
+    hf.save_json(
+        {
+            "model": {
+                "init_dir": init_dir,
+                "pooling": pooling,
+                "num_layers": num_layers,
+                "out_dim": None,
+                "tokenizer_dir": None,
+            },
+            "data": {"max_length": max_length},
+            "triplet": settings,
+        },
+        workdir / "config.json",
+    )
 
 
 def train_triplets(
@@ -151,28 +177,49 @@ def train_triplets(
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    settings = {"margin": margin, "distance": distance, "batch_size": batch_size,
-                "num_epochs": num_epochs, "seed": seed, "num_triplets": len(triplets),
-                "query_instruction": query_instruction, "optim": optim_config}  # fmt: skip
-    write_resolved_config(workdir, init_dir=init_dir, pooling=pooling, num_layers=num_layers,
-                          max_length=max_length, settings=settings)  # fmt: skip
+    settings = {
+        "margin": margin,
+        "distance": distance,
+        "batch_size": batch_size,
+        "num_epochs": num_epochs,
+        "seed": seed,
+        "num_triplets": len(triplets),
+        "query_instruction": query_instruction,
+        "optim": optim_config,
+    }
+    write_resolved_config(
+        workdir,
+        init_dir=init_dir,
+        pooling=pooling,
+        num_layers=num_layers,
+        max_length=max_length,
+        settings=settings,
+    )
     spec = embedding.read_spec(init_dir, pooling=pooling, num_layers=num_layers, out_dim=None)
     flat = embedding.load_flat_params(init_dir, spec, seed=seed)
     tokenizer = tokenization.load_tokenizer(init_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     make_batches = functools.partial(
-        TripletBatches, tokenizer_dir=init_dir, batch_size=batch_size, max_length=max_length,
-        query_max_length=query_max_length, seed=seed, pad_id=pad_id,
+        TripletBatches,
+        tokenizer_dir=init_dir,
+        batch_size=batch_size,
+        max_length=max_length,
+        query_max_length=query_max_length,
+        seed=seed,
+        pad_id=pad_id,
         query_instruction=query_instruction,
-    )  # fmt: skip
+    )
     batches = make_batches(triplets)
     steps = max(1, int(np.ceil(num_epochs * batches.per_epoch)))
     if max_steps:
         steps = min(steps, max_steps)
     optimizer = optim.make_optimizer(total_steps=steps, **optim_config)
-    schedule = optim.make_schedule(lr=optim_config["lr"], total_steps=steps,
-                                   warmup_frac=optim_config["warmup_frac"],
-                                   schedule=optim_config["schedule"])  # fmt: skip
+    schedule = optim.make_schedule(
+        lr=optim_config["lr"],
+        total_steps=steps,
+        warmup_frac=optim_config["warmup_frac"],
+        schedule=optim_config["schedule"],
+    )
 
     mesh = sharding.make_mesh()
     sharding.check_batch_size(batch_size, mesh)
@@ -182,8 +229,9 @@ def train_triplets(
     state_shardings = sharding.param_shardings(mesh, abstract_state)
     loss_args = {"margin": margin, "distance": distance}
     train_fn = jax.jit(
-        lambda s, b: step.triplet_train_step(s, b, graphdef=graphdef, optimizer=optimizer,
-                                             schedule=schedule, **loss_args),  # fmt: skip
+        lambda s, b: step.triplet_train_step(
+            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args
+        ),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
         out_shardings=(state_shardings, sharding.replicated(mesh)),
         donate_argnums=0,
@@ -194,17 +242,22 @@ def train_triplets(
         out_shardings=sharding.replicated(mesh),
     )
     data_iter = iter(make_loader(batches, steps))
-    manager = checkpoint.make_manager(workdir / "checkpoints", max_to_keep=2,
-                                      save_interval_steps=checkpoint_every)  # fmt: skip
+    manager = checkpoint.make_manager(
+        workdir / "checkpoints", max_to_keep=2, save_interval_steps=checkpoint_every
+    )
     # Resume order: this workdir's latest checkpoint, else bi-enc(i) from init_dir.
     if manager.latest_step() is not None:
-        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                abstract_state, state_shardings)  # fmt: skip
+        abstract = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract_state,
+            state_shardings,
+        )
         state, start = checkpoint.restore(manager, abstract, data_iter)
         log_fn(f"train: resumed at step {start} of {steps}")
     else:
-        init_fn = jax.jit(lambda p: step.init_state(p, optimizer, seed=seed),
-                          out_shardings=state_shardings)  # fmt: skip
+        init_fn = jax.jit(
+            lambda p: step.init_state(p, optimizer, seed=seed), out_shardings=state_shardings
+        )
         state, start = init_fn(params), 0
     del params, flat, params_state
 
@@ -237,8 +290,10 @@ def train_triplets(
                     raise FloatingPointError(f"step {step_num}: non-finite metrics {fetched}")
                 log.write(json.dumps({"step": step_num, **fetched}) + "\n")
                 log.flush()
-                log_fn(f"train: step {step_num}/{steps} loss {fetched['train/loss']:.4f} "
-                       f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
+                log_fn(
+                    f"train: step {step_num}/{steps} loss {fetched['train/loss']:.4f} "
+                    f"({time.perf_counter() - started:.0f} s)"
+                )
                 summary.update(fetched)
             if step_num % checkpoint_every == 0 or step_num == steps:
                 checkpoint.save(manager, step_num, state, data_iter, force=True)

@@ -38,11 +38,17 @@ def extract_triples(judged: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]
         negatives = [r for r in graded if r["grade"] < NEGATIVE_BELOW]
         for pos in positives:
             for neg in negatives:
-                triples.append({
-                    "query_id": query_id, "query": pos["query"], "doc_name": doc_name,
-                    "pos_id": pos["chunk_id"], "neg_id": neg["chunk_id"],
-                    "pos_score": pos.get("score"), "neg_score": neg.get("score"),
-                })  # fmt: skip
+                triples.append(
+                    {
+                        "query_id": query_id,
+                        "query": pos["query"],
+                        "doc_name": doc_name,
+                        "pos_id": pos["chunk_id"],
+                        "neg_id": neg["chunk_id"],
+                        "pos_score": pos.get("score"),
+                        "neg_score": neg.get("score"),
+                    }
+                )
     return triples
 
 
@@ -61,9 +67,14 @@ def is_correct(pos_score: float, neg_score: float, *, margin: float, distance: s
 
 
 def select_triples(
-    triples: Sequence[Mapping[str, Any]], *, margin: float, distance: str, correct_ratio: float,
-    max_per_group: int, seed: int,
-) -> list[dict[str, Any]]:  # fmt: skip
+    triples: Sequence[Mapping[str, Any]],
+    *,
+    margin: float,
+    distance: str,
+    correct_ratio: float,
+    max_per_group: int,
+    seed: int,
+) -> list[dict[str, Any]]:
     """Keeps every hard triple and `correct_ratio` already-correct ones per hard one.
 
     Each triple gets `"correct"`. Per (query, document) at most `max_per_group` hard triples are
@@ -72,8 +83,12 @@ def select_triples(
     Output keeps the input order.
     """
     rng = np.random.default_rng(seed)
-    flagged = [dict(t, correct=is_correct(t["pos_score"], t["neg_score"], margin=margin,
-                                          distance=distance)) for t in triples]  # fmt: skip
+    flagged = [
+        dict(
+            t, correct=is_correct(t["pos_score"], t["neg_score"], margin=margin, distance=distance)
+        )
+        for t in triples
+    ]
     hard_by_group: dict[tuple[str, str], list[int]] = {}
     correct_rows = []
     for row, triple in enumerate(flagged):

@@ -5,8 +5,10 @@ import itertools
 from caliber_jax.data import corpus
 from caliber_jax.mining import chunking
 
-SENTENCES = [f"Sentence number {i} says revenue was ${i},000 in 2019 {'and more ' * (i % 9)}."
-             for i in range(80)]  # fmt: skip
+SENTENCES = [
+    f"Sentence number {i} says revenue was ${i},000 in 2019 {'and more ' * (i % 9)}."
+    for i in range(80)
+]
 
 
 def test_chunks_respect_bounds_and_sentence_ends():
@@ -44,8 +46,11 @@ def test_short_chunk_is_filled_up_inside_the_next_sentence():
 
 def test_real_filing_chunks_and_document_split():
     records = list(itertools.islice(corpus.load_records("data/sample/filings.jsonl.gz"), 3))
-    chunks = list(chunking.make_chunks(records, min_chars=500, max_chars=1000, val_fraction=0.34,
-                                       test_fraction=0.33, seed=16))  # fmt: skip
+    chunks = list(
+        chunking.make_chunks(
+            records, min_chars=500, max_chars=1000, val_fraction=0.34, test_fraction=0.33, seed=16
+        )
+    )
     by_doc = {}
     for chunk in chunks:
         by_doc.setdefault(chunk["doc_name"], []).append(chunk)
@@ -61,10 +66,19 @@ def test_real_filing_chunks_and_document_split():
     names = [r["doc_name"] for r in records]
     splits = chunking.assign_splits(names[::-1], val_fraction=0.34, test_fraction=0.33, seed=16)
     assert splits == {name: docs[0]["split"] for name, docs in by_doc.items()}
-    many = chunking.assign_splits([f"d{i}" for i in range(10)], val_fraction=0.2,
-                                  test_fraction=0.2, seed=0)  # fmt: skip
+    many = chunking.assign_splits(
+        [f"d{i}" for i in range(10)], val_fraction=0.2, test_fraction=0.2, seed=0
+    )
     assert sorted(many.values()).count("test") == 2 and list(many.values()).count("val") == 2
     eval_record = {**records[0], "doc_name": "X", "financebench_eval_doc": True}
-    eval_chunks = list(chunking.make_chunks([eval_record], min_chars=500, max_chars=1000,
-                                            val_fraction=0.2, test_fraction=0.2, seed=0))  # fmt: skip
+    eval_chunks = list(
+        chunking.make_chunks(
+            [eval_record],
+            min_chars=500,
+            max_chars=1000,
+            val_fraction=0.2,
+            test_fraction=0.2,
+            seed=0,
+        )
+    )
     assert {c["split"] for c in eval_chunks} == {"eval"}

@@ -48,13 +48,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
         tokens = text.split() or [""]
         value = -0.1 if "good" in text else -2.0
         if self.path.endswith("/chat/completions"):
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": {"content": [{"token": t, "logprob": value} for t in tokens]}
-                      if body.get("logprobs") else None}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": {"content": [{"token": t, "logprob": value} for t in tokens]}
+                if body.get("logprobs")
+                else None,
+            }
         else:
-            choice = {"index": 0, "text": text,
-                      "logprobs": {"tokens": tokens, "token_logprobs": [value] * len(tokens)}
-                      if body.get("logprobs") else None}  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": {"tokens": tokens, "token_logprobs": [value] * len(tokens)}
+                if body.get("logprobs")
+                else None,
+            }
         data = json.dumps({"id": "x", "model": body["model"], "choices": [choice]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -75,11 +83,17 @@ def server():
 
 def make_client(server, tmp_path, *, sleeps=None, retries=3, concurrency=1, cache=True):
     return client_lib.OpenAIClient(
-        base_url=server.url, model="local-model", api_key_env="CALIBER_TEST_KEY",
-        cache_dir=tmp_path / "cache" if cache else None, max_retries=retries, backoff_seconds=0.5,
-        max_backoff_seconds=10.0, concurrency=concurrency, timeout_seconds=10.0,
+        base_url=server.url,
+        model="local-model",
+        api_key_env="CALIBER_TEST_KEY",
+        cache_dir=tmp_path / "cache" if cache else None,
+        max_retries=retries,
+        backoff_seconds=0.5,
+        max_backoff_seconds=10.0,
+        concurrency=concurrency,
+        timeout_seconds=10.0,
         sleep_fn=(sleeps.append if sleeps is not None else lambda s: None),
-    )  # fmt: skip
+    )
 
 
 def test_retries_with_backoff_then_success_and_api_key(server, tmp_path, monkeypatch):
@@ -126,25 +140,33 @@ def test_cache_prevents_a_second_call(server, tmp_path):
 def test_inpars_generation_selects_by_mean_logprob(server, tmp_path):
     """Chunk 'good' gets mean log-prob -0.1, the others -2.0; top-1 per document keeps it."""
     server.reply = lambda path, body: (
-        "Relevant Query: what is the good number?" if "good chunk" in json.dumps(body)
+        "Relevant Query: what is the good number?"
+        if "good chunk" in json.dumps(body)
         else "what is the other number?"
-    )  # fmt: skip
+    )
     client = make_client(server, tmp_path, concurrency=3)
-    generator = querygen.OpenAIQueryGenerator(client, endpoint="completions", max_tokens=16,
-                                              temperature=0.0, max_document_chars=500)  # fmt: skip
-    chunks = [{"id": f"D:{i}", "doc_name": "D", "text": text}
-              for i, text in enumerate(["plain text", "a good chunk", "more text"])]  # fmt: skip
+    generator = querygen.OpenAIQueryGenerator(
+        client, endpoint="completions", max_tokens=16, temperature=0.0, max_document_chars=500
+    )
+    chunks = [
+        {"id": f"D:{i}", "doc_name": "D", "text": text}
+        for i, text in enumerate(["plain text", "a good chunk", "more text"])
+    ]
     scored = generator.generate(chunks)
-    assert [s[0] for s in scored] == ["what is the other number?", "what is the good number?",
-                                      "what is the other number?"]  # fmt: skip
+    assert [s[0] for s in scored] == [
+        "what is the other number?",
+        "what is the good number?",
+        "what is the other number?",
+    ]
     np.testing.assert_allclose([s[1] for s in scored], [-2.0, -0.1, -2.0])
     selected = querygen.select_top(chunks, scored, per_doc=1)
     assert [(q["chunk_id"], q["text"]) for q in selected] == [("D:1", "what is the good number?")]
     body = server.requests[0][1]
     assert body["logprobs"] == 1 and "Example 3:\nDocument:" in body["prompt"]
     # Chat endpoint: logprobs=True and the chat logprob layout.
-    chat = querygen.OpenAIQueryGenerator(client, endpoint="chat", max_tokens=16, temperature=0.0,
-                                         max_document_chars=500)  # fmt: skip
+    chat = querygen.OpenAIQueryGenerator(
+        client, endpoint="chat", max_tokens=16, temperature=0.0, max_document_chars=500
+    )
     assert chat.generate(chunks[1:2])[0][1] == pytest.approx(-0.1)
     assert server.requests[-1][1]["logprobs"] is True
 
@@ -152,9 +174,9 @@ def test_inpars_generation_selects_by_mean_logprob(server, tmp_path):
 def test_openai_judge_prompt_and_strict_parsing(server, tmp_path):
     replies = iter(["4", "Score: 2", "3 or 4", "five"])
     server.reply = lambda path, body: next(replies)
-    grades = judge.OpenAIJudge(make_client(server, tmp_path), max_tokens=4,
-                               max_passage_chars=100).grade(
-        ["q1", "q2", "q3", "q4"], [{"text": f"passage {i}"} for i in range(4)])  # fmt: skip
+    grades = judge.OpenAIJudge(
+        make_client(server, tmp_path), max_tokens=4, max_passage_chars=100
+    ).grade(["q1", "q2", "q3", "q4"], [{"text": f"passage {i}"} for i in range(4)])
     assert grades == [4, 2, None, None]
     prompt = server.requests[0][1]["messages"][0]["content"]
     for criteria in judge.TABLE_II.values():
@@ -171,14 +193,24 @@ def test_synthetic_queries_few_shot(server, tmp_path):
         "Revenue grew a lot in the year under review\n"
         "How did free cash flow compare with the prior year?\n"
         "What drove the change in operating margin this year?"
-    )  # fmt: skip
+    )
     exemplars = [f"What was item {i} in the year?" for i in range(6)]
     made = querygen.synthesize_queries(
-        make_client(server, tmp_path), exemplars, [0, 0, 1, 1, 2, 2], num_queries=2,
-        doc_class="10-K", per_prompt=3, min_words=5, max_prompts=5, seed=0, temperature=0.7,
-    )  # fmt: skip
-    assert made == ["What drove the change in operating margin this year?",
-                    "How did free cash flow compare with the prior year?"]  # fmt: skip
+        make_client(server, tmp_path),
+        exemplars,
+        [0, 0, 1, 1, 2, 2],
+        num_queries=2,
+        doc_class="10-K",
+        per_prompt=3,
+        min_words=5,
+        max_prompts=5,
+        seed=0,
+        temperature=0.7,
+    )
+    assert made == [
+        "What drove the change in operating margin this year?",
+        "How did free cash flow compare with the prior year?",
+    ]
     prompt = server.requests[0][1]["messages"][0]["content"]
     shots = [line for line in prompt.splitlines() if line.startswith("What was item")]
     assert len(shots) == 3 and len({int(s.split()[3]) // 2 for s in shots}) == 3  # 3 clusters

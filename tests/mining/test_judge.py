@@ -8,9 +8,20 @@ from caliber_jax.mining import judge, mining
 
 @pytest.mark.parametrize(
     "text, grade",
-    [("4", 4), (" 3\n", 3), ("Score: 2", 2), ("**4**", 4), ("grade=1.", 1), ("5", None),
-     ("3 or 4", None), ("I think 4", None), ("", None), ("0", None), ("44", None)],
-)  # fmt: skip
+    [
+        ("4", 4),
+        (" 3\n", 3),
+        ("Score: 2", 2),
+        ("**4**", 4),
+        ("grade=1.", 1),
+        ("5", None),
+        ("3 or 4", None),
+        ("I think 4", None),
+        ("", None),
+        ("0", None),
+        ("44", None),
+    ],
+)
 def test_parse_grade_is_strict(text, grade):
     assert judge.parse_grade(text) == grade
 
@@ -23,16 +34,19 @@ def test_grades_from_cosine_and_calibration(tmp_path):
     with pytest.raises(ValueError, match="non-decreasing"):
         judge.grades_from_cosine(np.zeros(1), [0.5, 0.4, 0.6])
     calibration = judge.calibrate_thresholds(
-        np.array([0.5, 0.6, 0.7, 0.8, 0.9]), np.linspace(0.0, 0.4, 101),
-        positive_quantile=0.5, negative_quantile=0.95,
-    )  # fmt: skip
+        np.array([0.5, 0.6, 0.7, 0.8, 0.9]),
+        np.linspace(0.0, 0.4, 101),
+        positive_quantile=0.5,
+        negative_quantile=0.95,
+    )
     np.testing.assert_allclose(calibration["thresholds"], [0.38, 0.54, 0.7])
     path = tmp_path / "calibration.json"
     judge.save_calibration(path, calibration)
     assert judge.load_calibration(path)["thresholds"] == calibration["thresholds"]
     # Overlapping distributions collapse t2 = t3 = t4 to the midpoint.
-    collapsed = judge.calibrate_thresholds(np.array([0.3]), np.array([0.5]),
-                                           positive_quantile=0.5, negative_quantile=0.5)  # fmt: skip
+    collapsed = judge.calibrate_thresholds(
+        np.array([0.3]), np.array([0.5]), positive_quantile=0.5, negative_quantile=0.5
+    )
     np.testing.assert_allclose(collapsed["thresholds"], [0.4, 0.4, 0.4])
 
 
@@ -56,12 +70,18 @@ def test_embedding_judge_grades_cosine_and_calibrates():
     assert emb.grade(["abcd"], chunks[:1]) == [4]
     assert calls == [["abcd", "x" * 4, "x" * 9, "x" * 14, "x" * 24]]  # encoded once, cached
     queries = [{"text": "q" * 4, "doc_name": "A", "chunk_id": "A:0"}]
-    pool = [{"id": "A:0", "doc_name": "A", "text": "y" * 4},
-            {"id": "B:0", "doc_name": "B", "text": "y" * 30}]  # fmt: skip
+    pool = [
+        {"id": "A:0", "doc_name": "A", "text": "y" * 4},
+        {"id": "B:0", "doc_name": "B", "text": "y" * 30},
+    ]
     calibration = mining.calibrate_embedding_judge(
-        judge.EmbeddingJudge(_encode, [0, 0, 0]), queries, pool, positive_quantile=0.5,
-        negative_quantile=0.5, seed=0,
-    )  # fmt: skip
+        judge.EmbeddingJudge(_encode, [0, 0, 0]),
+        queries,
+        pool,
+        positive_quantile=0.5,
+        negative_quantile=0.5,
+        seed=0,
+    )
     assert calibration["positive_mean"] == pytest.approx(1.0)
     assert calibration["negative_mean"] == pytest.approx(np.cos(2.6), abs=1e-6)
 
