@@ -40,9 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import cli, tokenization  # noqa: E402
+from caliber_jax import cli, embed_teacher, tokenization  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
-from caliber_jax.models import embedding  # noqa: E402
 
 REPO_ROOT = common.REPO_ROOT
 TORCH_REFERENCE = Path(__file__).resolve().parent / "torch_reference.py"
@@ -234,17 +233,6 @@ def run_jax(setup: Setup, run_dir: Path, cache: str) -> dict:
     return {"wall_s": seconds, **summary}
 
 
-def student_dim(config) -> int:
-    """d, the width of the student's vectors (and of the teacher stores)."""
-    spec = embedding.read_spec(
-        config.model.init_dir,
-        pooling=config.model.pooling,
-        num_layers=config.model.num_layers,
-        out_dim=config.model.out_dim,
-    )
-    return spec.out_dim or spec.config.width
-
-
 def run_torch(setup: Setup, run_dir: Path, data_dir: Path, plan: np.ndarray) -> dict:
     """`benchmarks/torch_reference.py` over the same plan; returns its summary plus wall time."""
     config = setup.config
@@ -261,7 +249,7 @@ def run_torch(setup: Setup, run_dir: Path, data_dir: Path, plan: np.ndarray) -> 
         "workdir": str(workdir),
         "model_dir": model_dir,
         "num_layers": config.model.num_layers,
-        "dim": student_dim(config),
+        "dim": embed_teacher.student_dim(config),
         "max_length": config.data.max_length,
         "seed": config.seed,
         "total_steps": len(plan),
