@@ -192,7 +192,7 @@ def run_study(args, run_stage: RunFn) -> None:
         save()
 
     init_dir = study_mpnet.get_config().model.init_dir
-    untrained = [("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER)]
+    untrained = []
     for suffix, out_dim in (("", TEACHER_DIM), (" t384", None)):
         label = f"Initial{suffix} s{seeds[0]}"
         hf_dir = write_initial(
@@ -203,6 +203,8 @@ def run_study(args, run_stage: RunFn) -> None:
             max_length=EVAL_MAX_LENGTH,
         )
         untrained.append((label, ["--model", str(hf_dir), *teacher_args], TASKS_STUDENT))
+    # MPNet on CPU is the slow one: last in each round, after the MiniLM students.
+    untrained.append(("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER))
     # Retrieval of every untrained model first, then NumGap, then the asymmetric mode.
     for group in range(len(TASKS_STUDENT)):
         for label, model_args, groups in untrained:
