@@ -52,11 +52,14 @@ def load_chunks(config: ml_collections.ConfigDict, path: Path) -> list[dict[str,
             # Evenly spaced through the file: more companies and filing types than the first N.
             rows = np.linspace(0, len(records) - 1, data.max_docs).round().astype(int)
             records = [records[row] for row in rows]
-        if data.eval_docs and data.max_eval_docs and config.eval.financebench:
-            counts = _question_counts(config.eval.financebench)
-            eval_records.sort(key=lambda r: -counts.get(r["doc_name"], 0))
-            eval_records = eval_records[: data.max_eval_docs]
-        elif not config.eval.financebench:
+        if config.eval.financebench:
+            eval_records = select_eval_docs(
+                eval_records,
+                _question_counts(config.eval.financebench),
+                max_docs=data.max_eval_docs,
+                max_chars=data.max_eval_chars,
+            )
+        else:
             eval_records = []
         chunks = list(
             chunking.make_chunks(
@@ -86,6 +89,26 @@ def subsample_chunks(chunks: list[dict[str, Any]], per_doc: int) -> list[dict[st
         else:
             rows = np.unique(np.linspace(0, len(doc_chunks) - 1, per_doc).round().astype(int))
             out += [doc_chunks[row] for row in rows]
+    return out
+
+
+def select_eval_docs(
+    records: list[dict[str, Any]], counts: dict[str, int], *, max_docs: int, max_chars: int
+) -> list[dict[str, Any]]:
+    """FinanceBench evidence filings with the most questions per character first, up to
+    `max_docs` filings and `max_chars` characters (0: no limit); filings without questions go."""
+    ranked = sorted(
+        (r for r in records if counts.get(r["doc_name"], 0)),
+        key=lambda r: (-counts[r["doc_name"]] / max(len(r["text"]), 1), r["doc_name"]),
+    )
+    out, chars = [], 0
+    for record in ranked:
+        if (max_docs and len(out) >= max_docs) or (
+            max_chars and chars + len(record["text"]) > max_chars
+        ):
+            break
+        out.append(record)
+        chars += len(record["text"])
     return out
 
 
