@@ -41,9 +41,11 @@ def load_chunks(config: ml_collections.ConfigDict, path: Path) -> list[dict[str,
 
     def build() -> list[dict[str, Any]]:
         data = config.data
+        if not Path(data.filings).is_file():
+            raise FileNotFoundError(f"{data.filings}: no such file (config.data.filings)")
         records, eval_records = [], []
         for record in corpus.load_records(data.filings):
-            if chunking._is_true(record.get(corpus.EVAL_DOC_FIELD)):
+            if chunking.is_true(record.get(corpus.EVAL_DOC_FIELD)):
                 if data.eval_docs:
                     eval_records.append(record)
             else:

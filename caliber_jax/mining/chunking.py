@@ -128,7 +128,7 @@ def make_chunks(
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ValueError(f"duplicate doc_name {duplicates[0]!r}; chunk ids would collide")
-    is_eval = [eval_docs_split and _is_true(r.get(corpus.EVAL_DOC_FIELD, False)) for r in records]
+    is_eval = [eval_docs_split and is_true(r.get(corpus.EVAL_DOC_FIELD, False)) for r in records]
     splits = assign_splits(
         [n for n, e in zip(names, is_eval, strict=True) if not e],
         val_fraction=val_fraction,
@@ -150,6 +150,6 @@ def make_chunks(
             }
 
 
-def _is_true(value: Any) -> bool:
+def is_true(value: Any) -> bool:
     """JSON true, or the strings "true"/"True" some exports write."""
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
