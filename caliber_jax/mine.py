@@ -594,7 +594,69 @@ def run(
         results.append(result)
     if results:
         corpus.save_json(Path(workdir) / "results.json", results)
+        (Path(workdir) / "results.md").write_text(format_markdown(results), encoding="utf-8")
     return results
+
+
+def format_markdown(results: list[dict[str, Any]]) -> str:
+    """Tables of the iterations' summaries: triples, held-out and FinanceBench comparisons."""
+    lines = [
+        "## Triples",
+        "",
+        "| iteration | queries | judged | grades 1/2/3/4 | new train "
+        "(hard) | new val (hard) | trained on | val acc before -> after | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        g, t = r["grades"], r["train"]
+        lines.append(
+            f"| {r['iteration']} | {r['queries']} | {r['candidates']} | "
+            f"{g['1']}/{g['2']}/{g['3']}/{g['4']} | {r['new_triples']['train']} "
+            f"({r['new_hard_triples']['train']}) | {r['new_triples']['val']} "
+            f"({r['new_hard_triples']['val']}) | {r['train_triples']} | "
+            f"{t.get('val/accuracy_before', float('nan')):.4f} -> "
+            f"{t.get('val/accuracy_after', float('nan')):.4f} | {r['seconds']:.0f} |"
+        )
+    sections = (
+        (
+            "heldout_judged",
+            "Held-out test documents, judged top 5 (base = bi-enc(i), exp = bi-enc(i+1))",
+            None,
+        ),
+        (
+            "financebench_within_doc",
+            "FinanceBench within-document, bi-enc(i) -> bi-enc(i+1)",
+            "vs_previous",
+        ),
+        (
+            "financebench_within_doc",
+            "FinanceBench within-document, bi-enc(0) -> bi-enc(i+1)",
+            "vs_base",
+        ),
+    )
+    for key, title, sub in sections:
+        rows = []
+        for r in results:
+            block = r["eval"].get(key)
+            if block is None:
+                continue
+            block = block[sub] if sub else block
+            for metric, v in block.items():
+                rows.append(
+                    f"| {r['iteration']} | {metric} | {v['count']} | {v['base']:.4f} "
+                    f"+- {v['base_se']:.4f} | {v['exp']:.4f} +- {v['exp_se']:.4f} | "
+                    f"{v['cohens_d']:+.3f} | {v['paired_d']:+.3f} |"
+                )
+        if rows:
+            lines += [
+                "",
+                f"## {title}",
+                "",
+                "| iteration | metric | count | base | exp | Cohen's d | paired d_z |",
+                "|---|---|---|---|---|---|---|",
+                *rows,
+            ]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv) -> None:
