@@ -13,7 +13,7 @@ from pathlib import Path
 
 from absl import flags
 from tokenizers import processors
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from caliber_jax import cli
 
@@ -39,7 +39,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 def load_tokenizer(
     model_dir: str | os.PathLike, *, required: bool = True
 ) -> PreTrainedTokenizerBase | None:
-    """AutoTokenizer from a local directory (never the hub); None if absent and not required."""
+    """The tokenizer of a local directory (never the hub); None if absent and not required."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: tokenizer directory does not exist")
@@ -49,6 +49,12 @@ def load_tokenizer(
                 f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)})"
             )
         return None
+    if (model_dir / "tokenizer.json").is_file():
+        # The fast tokenizer file alone defines the tokenizer. Loading it directly skips
+        # AutoTokenizer's model-config machinery, which imports torch (seconds per launch).
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir), local_files_only=True)
+    from transformers import AutoTokenizer  # slow tokenizers (vocab files only)
+
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 

@@ -6,6 +6,7 @@ Norms, softmax and pooling run in float32 whatever the compute dtype.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -127,8 +128,37 @@ def attention(
         raise ValueError(
             f"attention={implementation!r}, expected one of {ATTENTION_IMPLEMENTATIONS}"
         )
-    key_mask = attention_mask_bs.astype(bool)[:, None, None, :]
-    return jax.nn.dot_product_attention(q_btnh, k_bskh, v_bskh, mask=key_mask, is_causal=causal)
+    return _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, causal=causal)
+
+
+def _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool) -> jax.Array:
+    """Softmax attention as two einsums on the [B, T, N, H] layout, logits and softmax in float32.
+
+    Written out rather than through `jax.nn.dot_product_attention`, whose grouped-query reshape
+    to 5-D and [B, N, T, H] transposes add layout copies that XLA's CPU backend does not remove.
+    Grouped-query heads (K < N) share their kv head through a [B, T, K, G, H] view.
+    """
+    b, t, n, h = q_btnh.shape
+    k = k_bskh.shape[2]
+    scale = 1.0 / np.sqrt(h)
+    mask_bts = attention_mask_bs.astype(bool)[:, None, :]
+    if causal:
+        s = k_bskh.shape[1]
+        mask_bts = mask_bts & (jnp.arange(s)[None, None, :] <= jnp.arange(t)[None, :, None])
+    if k == n:
+        logits = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bskh, preferred_element_type=jnp.float32)
+        logits = jnp.where(mask_bts[:, None], logits * scale, _NEG_INF)
+        probs = jax.nn.softmax(logits, axis=-1).astype(v_bskh.dtype)
+        return jnp.einsum("bnts,bsnh->btnh", probs, v_bskh)
+    q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+    logits = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask_bts[:, None, None], logits * scale, _NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v_bskh.dtype)
+    return jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh).reshape(b, t, n, h)
+
+
+# Masked logits: the most negative finite float32, so a row with no valid key stays finite.
+_NEG_INF = float(np.finfo(np.float32).min)
 
 
 # Rematerialisation per layer: "none" keeps every activation, "full" recomputes the whole layer in
