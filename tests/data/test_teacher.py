@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from caliber_jax import paths
 from caliber_jax.data import teacher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -306,3 +307,20 @@ def test_import_npy(tmp_path):
             tmp_path / "u", vectors_npy=tmp_path / "v.npy", texts=["x"] * 5, dim=None,
             chunk_rows=2, metadata=metadata,
         )  # fmt: skip
+
+
+def test_url_paths_reach_tensorstore_and_epath(tmp_path, monkeypatch):
+    """A file:// URL store lands at its absolute path; gs:// URLs become kvstore URLs."""
+    monkeypatch.chdir(tmp_path)
+    texts = make_texts(9) + [""]
+    url = f"file://{tmp_path}/data/x"
+    teacher.embed_to_store(fake_encode, texts, url, batch_rows=3, dim=4, chunk_rows=4,
+                           process_index=0, process_count=1, metadata=METADATA)  # fmt: skip
+    assert (tmp_path / "data" / "x" / "metadata.json").is_file()
+    assert not (tmp_path / "file:").exists()  # not taken for a relative local path
+    reader = teacher.open_reader(url, expect_rows=10, expect_dim=4)
+    np.testing.assert_allclose(reader[np.arange(10)], expected_rows(texts, 4), atol=1e-6)
+    assert paths.kvstore_spec("gs://bucket/run/x") == "gs://bucket/run/x/"
+    assert paths.kvstore_spec(url) == {"driver": "file", "path": f"{tmp_path}/data/x"}
+    with pytest.raises(ValueError, match="absolute"):
+        paths.as_path("file://relative/x")

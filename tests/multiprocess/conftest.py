@@ -1,0 +1,149 @@
+"""Multi-process fixtures: tiny prepared data with teacher vectors, and a launcher handle.
+
+Every run goes through `launch/local_multiprocess.sh` (2 JAX processes x 2 CPU devices, gloo
+collectives on localhost), as users run it. Each wait has a timeout that kills the whole process
+group, so a deadlock fails the test instead of hanging CI.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax import checkpoint, prepare
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "launch" / "local_multiprocess.sh"
+DEMO = f"--config={REPO / 'configs' / 'demo.py'}"
+TIMEOUT_S = 420  # per launch; a healthy one takes well under a minute on 2 busy cores
+# Tiny runs: 1 layer of all-MiniLM-L6-v2, batch 8 (2 rows per device), 6 steps.
+TINY = [
+    "--config.model.num_layers=1",
+    "--config.data.max_length=48",
+    "--config.batch_size=8",
+    "--config.total_steps=6",
+    "--config.checkpoint_every=2",
+    "--config.eval_every=6",
+    "--config.log_every=1",
+    "--config.optim.lr=1e-3",
+    "--config.data.pert_rows_multiple=0",
+]
+EMBED = ["--config.teacher.max_length=48", "--config.teacher.chunk_rows=16"]
+
+
+class Launch:
+    """One `local_multiprocess.sh` run in its own process group; output goes to `log`."""
+
+    def __init__(self, num: int, *command: str, devices: int, log: Path):
+        self.log = log
+        env = dict(os.environ, LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1")
+        with open(log, "w") as handle:
+            self.proc = subprocess.Popen(
+                ["bash", str(LAUNCHER), str(num), "--", *command],
+                cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def pids(self) -> dict[int, int]:
+        """JAX process index -> pid, as the launcher announces them."""
+        found = re.findall(r"local_multiprocess: process (\d+) pid (\d+)", self.output())
+        return {int(index): int(pid) for index, pid in found}
+
+    def wait(self, timeout: float = TIMEOUT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(
+                f"timed out after {timeout} s (deadlock?):\n{self.tail()}"
+            ) from None
+
+    def check(self, timeout: float = TIMEOUT_S) -> None:
+        code = self.wait(timeout)
+        assert code == 0, f"exit {code}:\n{self.tail()}"
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.output()[-chars:]
+
+
+def launch(num: int, *command: str, devices: int = 2, log: Path) -> Launch:
+    return Launch(num, *command, devices=devices, log=log)
+
+
+def module(name: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", name, DEMO, *args]
+
+
+def train_command(data_dir, workdir, *extra: str) -> list[str]:
+    return module("caliber_jax.train", f"--config.data.dir={data_dir}", f"--workdir={workdir}",
+                  *TINY, *extra)  # fmt: skip
+
+
+def wait_for(predicate, run: Launch, timeout: float = TIMEOUT_S) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert run.proc.poll() is None, f"ended early:\n{run.tail()}"
+        if time.time() > deadline:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"timed out waiting:\n{run.tail()}")
+        time.sleep(0.2)
+
+
+def flat_params(workdir) -> tuple[dict[str, np.ndarray], int]:
+    params, step = checkpoint.restore_params(Path(workdir) / "checkpoints")
+    return flatten(params), step
+
+
+def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = np.asarray(value)
+    return out
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory) -> Path:
+    """64 training and 16 validation passages of the bundled filings (no teacher vectors)."""
+    out = tmp_path_factory.mktemp("prepared")
+    prepare.prepare(
+        REPO / "data" / "sample" / "filings.jsonl.gz",
+        out,
+        seed=0,
+        heldout_fraction=0.34,
+        max_train_passages=64,
+        max_val_passages=16,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def data_dir(prepared_dir, tmp_path_factory) -> Path:
+    """The prepared passages with single-process all-MiniLM-L6-v2 teacher stores."""
+    out = tmp_path_factory.mktemp("data")
+    for path in prepared_dir.iterdir():
+        if path.is_file():
+            (out / path.name).write_bytes(path.read_bytes())
+    result = subprocess.run(
+        module("caliber_jax.embed_teacher", f"--config.data.dir={out}", *EMBED),
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out

@@ -1,0 +1,140 @@
+"""Training with 2 JAX processes x 2 CPU devices against 1 process x 4 devices.
+
+Parity for both pi(x) layouts, kill -9 of one process then a restart of both (bit-identical to an
+uninterrupted run), SIGTERM to one process (all agree on a step, checkpoint and exit 0), and the
+2-process checkpoint exported by a single process. The 2-process stacked run uses `file://` URLs
+for its work and data directories, so train, checkpoint and export go through epath end to end.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from caliber_jax.models import embedding, hf
+from tests.multiprocess.conftest import (
+    REPO,
+    TIMEOUT_S,
+    flat_params,
+    launch,
+    max_abs_diff,
+    train_command,
+    wait_for,
+)
+
+pytestmark = pytest.mark.multiprocess
+COMPACT = "--config.data.pert_rows_multiple=2"  # P per process: a multiple of its 2 devices
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    """Finished runs: {(processes, layout): workdir}; the 2-process stacked one via file:// URLs."""
+    root = tmp_path_factory.mktemp("runs")
+    done = {}
+    for processes, devices, layout in ((2, 2, "stacked"), (1, 4, "stacked"),
+                                       (2, 2, "compact"), (1, 4, "compact")):  # fmt: skip
+        workdir = root / f"{processes}x{devices}_{layout}"
+        extra = [COMPACT] if layout == "compact" else []
+        data, work = data_dir, workdir
+        if (processes, layout) == (2, "stacked"):
+            data, work = f"file://{data_dir}", f"file://{workdir}"
+        run = launch(processes, *train_command(data, work, *extra), devices=devices,
+                     log=root / f"{workdir.name}.log")  # fmt: skip
+        run.check()
+        done[(processes, layout)] = workdir
+    return done
+
+
+@pytest.mark.parametrize("layout", ["stacked", "compact"])
+def test_two_processes_match_one(runs, layout):
+    two, step_two = flat_params(runs[(2, layout)])
+    one, step_one = flat_params(runs[(1, layout)])
+    assert step_two == step_one == 6
+    diff = max_abs_diff(two, one)
+    print(f"{layout}: max |2x2 - 1x4| over all params = {diff:.3g}")
+    assert diff <= 1e-5
+    start = flatten_init(runs[(1, layout)])
+    assert max_abs_diff(one, start) > 1e-4  # the runs trained
+
+
+def model_spec(workdir: Path) -> tuple[embedding.ModelSpec, str]:
+    """The student's spec and init dir, from the run's resolved config."""
+    config = json.loads((workdir / "config.json").read_text())["model"]
+    spec = embedding.read_spec(
+        config["init_dir"],
+        pooling=config["pooling"],
+        num_layers=config["num_layers"],
+        out_dim=config["out_dim"],
+    )
+    return spec, config["init_dir"]
+
+
+def flatten_init(workdir: Path) -> dict[str, np.ndarray]:
+    spec, init_dir = model_spec(workdir)
+    return embedding.load_flat_params(init_dir, spec)
+
+
+def test_urls_reach_the_right_directories(runs):
+    workdir = runs[(2, "stacked")]
+    assert (workdir / "config.json").is_file() and (workdir / "summary.json").is_file()
+    assert any((workdir / "tensorboard").iterdir())
+    assert len((workdir / "metrics.jsonl").read_text().splitlines()) >= 6
+    assert not (REPO / "file:").exists()  # nothing took the URL for a relative local path
+
+
+def test_export_of_a_two_process_checkpoint_in_one_process(runs, tmp_path):
+    workdir = runs[(2, "stacked")]
+    output = tmp_path / "hf"
+    command = [sys.executable, "-m", "caliber_jax.export", f"--workdir=file://{workdir}",
+               f"--output=file://{output}"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    params, _ = flat_params(workdir)
+    spec, _ = model_spec(workdir)
+    encoder = {k.removeprefix("encoder."): v for k, v in params.items()}
+    want = hf.flat_to_hf(encoder, spec.family, spec.config)
+    got = load_file(output / "model.safetensors")
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    one, _ = flat_params(runs[(1, "stacked")])
+    assert max_abs_diff(params, one) <= 1e-5
+
+
+def test_kill_one_process_then_restart_both_is_bit_identical(runs, data_dir, tmp_path):
+    workdir = tmp_path / "killed"
+    run = launch(2, *train_command(data_dir, workdir), log=tmp_path / "killed.log")
+    wait_for(lambda: (workdir / "checkpoints" / "2").is_dir(), run)
+    os.kill(run.pids()[1], signal.SIGKILL)
+    assert run.wait() != 0  # the launcher stops the survivor and reports the failure
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 6, steps
+    resumed = launch(2, *train_command(data_dir, workdir), log=tmp_path / "resumed.log")
+    resumed.check()
+    assert "resumed from" in resumed.output()
+    a, step_a = flat_params(runs[(2, "stacked")])
+    b, step_b = flat_params(workdir)
+    assert step_a == step_b == 6
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_sigterm_to_one_process_checkpoints_everywhere_and_exits_zero(data_dir, tmp_path):
+    workdir = tmp_path / "term"
+    run = launch(2, *train_command(data_dir, workdir, "--config.total_steps=400",
+                                   "--config.checkpoint_every=100", "--config.eval_every=1000"),
+                 log=tmp_path / "term.log")  # fmt: skip
+    metrics = workdir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
+    os.kill(run.pids()[1], signal.SIGTERM)  # only process 1: process 0 must learn it
+    assert run.wait() == 0, run.tail()
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps and 3 <= max(steps) < 400, steps
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert max(logged) == max(steps)  # process 0 stopped at the agreed step
