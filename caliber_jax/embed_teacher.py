@@ -16,7 +16,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from caliber_jax import cli, embedder
+from caliber_jax import cli, embedder, paths, sharding
 from caliber_jax.data import pipeline, teacher
 from caliber_jax.models import embedding
 
@@ -45,15 +45,20 @@ def load_teacher(teacher_config):
     if teacher_config.backend != "flax":
         raise ValueError(f"config.teacher.backend={teacher_config.backend!r} not in flax/torch")
     return embedder.Embedder.from_pretrained(
-        teacher_config.model_dir, pooling=teacher_config.pooling, dtype=teacher_config.dtype
+        teacher_config.model_dir,
+        pooling=teacher_config.pooling,
+        dtype=teacher_config.dtype,
+        param_dtype=teacher_config.get("param_dtype", "float32"),
+        attention=teacher_config.get("attention", "xla"),
+        data_parallel=teacher_config.get("data_parallel", False),
     )
 
 
 def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[Path]:
     """Encodes the split's passages and perturbations into its two stores."""
-    passages = Path(config.data.dir) / f"{split}.jsonl"
+    passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
     texts, perturbed = pipeline.load_passages(passages)
-    out = Path(config.data.dir) / f"teacher_{split}"
+    out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {
         "teacher": str(config.teacher.model_dir),
         "pooling": model.pooling if config.teacher.backend == "torch" else model.spec.pooling,
@@ -93,9 +98,9 @@ def import_split(
     config, split: str, dim: int, vectors_x: str, vectors_px: str | None, *, teacher_name: str
 ) -> list[Path]:
     """Stores vectors computed elsewhere (black-box or API teachers) for the split."""
-    passages = Path(config.data.dir) / f"{split}.jsonl"
+    passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
     texts, perturbed = pipeline.load_passages(passages)
-    out = Path(config.data.dir) / f"teacher_{split}"
+    out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {"teacher": teacher_name, "pooling": "external", "passages": str(passages)}
     written = []
     for name, rows, npy in (("x", texts, vectors_x), ("px", perturbed, vectors_px)):
@@ -119,13 +124,12 @@ def main(argv: Sequence[str]) -> None:
     del argv
     values = flags.FLAGS
     config = values.config
-    if config.multihost:
-        jax.distributed.initialize()
+    sharding.initialize_distributed(config.multihost)
     dim = student_dim(config)
     if values.import_x:
         if len(values.splits) != 1:
             raise app.UsageError("--import_x needs exactly one --splits entry")
-        paths = import_split(
+        stores = import_split(
             config, values.splits[0], dim, values.import_x, values.import_px,
             teacher_name=values.teacher_name,
         )  # fmt: skip
@@ -133,11 +137,11 @@ def main(argv: Sequence[str]) -> None:
         model = load_teacher(config.teacher)
         if model.dim < dim:
             raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
-        paths = []
+        stores = []
         for split in values.splits:
-            if (Path(config.data.dir) / f"{split}.jsonl").exists():
-                paths += embed_split(config, split, model, dim)
-    for path in paths:
+            if (paths.as_path(config.data.dir) / f"{split}.jsonl").exists():
+                stores += embed_split(config, split, model, dim)
+    for path in stores:
         print(path)
 
 

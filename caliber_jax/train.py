@@ -9,24 +9,27 @@ TensorBoard, checkpoints with Orbax and resumes where it stopped.
 
 import functools
 import json
+import math
+import os
 import signal
+import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
+from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
 
-from caliber_jax import checkpoint, optim, sharding, step, tokenization
+from caliber_jax import checkpoint, cli, optim, paths, sharding, step, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.embedder import resolve_dtype
-from caliber_jax.models import embedding, hf
+from caliber_jax.models import embedding
 
 
 class TokenizeFn:
@@ -47,13 +50,12 @@ class TokenizeFn:
 
 def maybe_initialize_distributed(multihost: bool) -> None:
     """Multi-host runs (SLURM, TPU pods, or JAX_COORDINATOR_ADDRESS) join one JAX cluster."""
-    if multihost:
-        jax.distributed.initialize()
+    sharding.initialize_distributed(multihost)
 
 
-def data_paths(data_dir: str, split: str) -> tuple[Path, Path, Path | None]:
+def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath.Path | None]:
     """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them."""
-    root = Path(data_dir)
+    root = paths.as_path(data_dir)
     passages = root / f"{split}.jsonl"
     teacher_dir = root / f"teacher_{split}"
     px = teacher_dir / "px"
@@ -73,7 +75,8 @@ def make_source(config: ml_collections.ConfigDict, split: str, dim: int) -> pipe
     )
 
 
-def make_loader(config, source, tokenize_fn, *, pad_id, train: bool):
+def make_loader(config, source, tokenize_fn, *, pad_id, train: bool, process_rows=None,
+                lengths=None):  # fmt: skip
     return pipeline.make_loader(
         source,
         batch_size=config.batch_size,
@@ -90,8 +93,31 @@ def make_loader(config, source, tokenize_fn, *, pad_id, train: bool):
         drop_remainder=train and config.data.drop_remainder,
         worker_count=config.data.worker_count,
         read_threads=config.data.read_threads,
-        pert_rows_multiple=config.data.get("pert_rows_multiple", 0),
+        # P must split evenly over this process's devices, whatever multiple the config asks.
+        pert_rows_multiple=math.lcm(config.data.pert_rows_multiple, jax.local_device_count())
+        if config.data.pert_rows_multiple
+        else 0,
+        bucket_growth=config.data.bucket_growth,
+        process_rows=process_rows,
+        lengths=lengths,
     )
+
+
+def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int):
+    """Token lengths of every x and pi(x) ([N], [N]): each process tokenizes only its 1/P share
+    of the rows, then all processes gather the rest."""
+    count, index, rows = jax.process_count(), jax.process_index(), len(source)
+    share = -(-rows // count)
+    start, stop = min(index * share, rows), min((index + 1) * share, rows)
+    mine = np.zeros((2, share), np.int32)
+    if stop > start:
+        texts, perturbed = source.read_texts(range(start, stop))
+        mine[0, : stop - start] = pipeline.token_lengths(tokenize_fn, texts, max_length)
+        mine[1, : stop - start] = pipeline.token_lengths(tokenize_fn, perturbed, max_length)
+    if count > 1:
+        mine = multihost_utils.process_allgather(mine)  # [P, 2, share]
+        mine = np.transpose(mine, (1, 0, 2)).reshape(2, count * share)
+    return mine[0, :rows].astype(np.int64), mine[1, :rows].astype(np.int64)
 
 
 def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec, dict[str, Any]]:
@@ -112,9 +138,17 @@ def total_steps(config: ml_collections.ConfigDict, num_rows: int) -> int:
     return int(np.ceil(config.num_epochs * per_epoch))
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: Path) -> None:
+def host_device() -> jax.Device:
+    """The host's CPU device (where whole arrays may live), else this process's first device."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS excludes the CPU backend
+        return jax.local_devices()[0]
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
     if jax.process_index() == 0:
-        hf.save_json(json.loads(config.to_json_best_effort()), workdir / "config.json")
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
 
 def check_finite(metrics: dict[str, float], step_num: int) -> None:
@@ -141,20 +175,35 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
 
 
 class SigtermFlag:
-    """Set on SIGTERM so the loop can checkpoint and exit cleanly (preemption)."""
+    """SIGTERM (preemption) -> checkpoint and stop, at the same step on every process.
+
+    One process: a Python handler sets a flag. Several: JAX's preemption service (started by
+    `jax.distributed.initialize`) catches SIGTERM on any process, spreads it through the
+    coordinator, and `reached` turns True at one agreed step everywhere, so no process enters
+    Orbax's collective save while another runs the next train step. No device collective is
+    involved; it must be asked at every step.
+    """
 
     def __init__(self):
         self.raised = False
-        signal.signal(signal.SIGTERM, self._handle)
+        self._agreed = jax.process_count() > 1
+        if not self._agreed:
+            signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
         del signum, frame
         self.raised = True
 
+    def reached(self, step_num: int) -> bool:
+        """Whether to checkpoint and stop after `step_num` (call once per step, in order)."""
+        if self._agreed:
+            self.raised = multihost_utils.reached_preemption_sync_point(step_num)
+        return self.raised
+
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Runs (or resumes) training; returns the final summary metrics."""
-    workdir = Path(workdir)
+    workdir = paths.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
     spec, flat = init_params(config)
@@ -186,9 +235,15 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
-    graphdef, params_state = embedding.split_model(
-        spec, flat, dtype=resolve_dtype(config.model.dtype), remat=config.model.remat
-    )
+    # Weights stay in host memory until each device receives its own shard (put_sharded).
+    with jax.default_device(host_device()):
+        graphdef, params_state = embedding.split_model(
+            spec,
+            flat,
+            dtype=resolve_dtype(config.model.dtype),
+            remat=config.model.remat,
+            attention=config.model.attention,
+        )
     params = nnx.to_pure_dict(params_state)
     del flat, params_state
 
@@ -201,27 +256,38 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
     )
     loss_args = dict(
-        lam=config.loss.lam,
-        margin=config.loss.margin,
         reduction=config.loss.reduction,
         objective=config.loss.get("objective", "caliber"),
         perturb_weight=config.loss.get("perturb_weight", 1.0),
     )
+    # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
+    # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
+    weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
+    replicated = sharding.replicated(mesh)
     train_fn = jax.jit(
-        lambda s, b: step.train_step(
-            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args
+        lambda s, b, w: step.train_step(
+            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args, **w
         ),
-        in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-        out_shardings=(state_shardings, sharding.replicated(mesh)),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh), replicated),
+        out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_fn = jax.jit(
-        lambda p, b: step.eval_step(p, b, graphdef=graphdef, **loss_args),
-        in_shardings=(state_shardings.params, sharding.batch_sharding(mesh)),
-        out_shardings=sharding.replicated(mesh),
+        lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
+        in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
+        out_shardings=replicated,
     )
+    weights = jax.device_put(weights, replicated)
+    train_jit, eval_jit = train_fn, eval_fn
+    train_fn = lambda s, b: train_jit(s, b, weights)  # noqa: E731
+    eval_fn = lambda p, b: eval_jit(p, b, weights)  # noqa: E731
 
-    loader = make_loader(config, train_source, tokenize_fn, pad_id=pad_id, train=True)
+    process_rows = sharding.process_batch_rows(mesh, config.batch_size)
+    max_length = config.data.max_length
+    loader = make_loader(
+        config, train_source, tokenize_fn, pad_id=pad_id, train=True, process_rows=process_rows,
+        lengths=corpus_lengths(train_source, tokenize_fn, max_length=max_length),
+    )  # fmt: skip
     data_iter = iter(loader)
     manager = checkpoint.make_manager(
         workdir / "checkpoints",
@@ -236,19 +302,27 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             state_shardings,
         )
         state, start = checkpoint.restore(manager, abstract, data_iter)
-        logging.info("resumed from %s at step %d", manager.directory, start)
+        # A stage line, not INFO logging: resuming is what a user must see even when quiet.
+        print(f"[caliber_jax] resumed from {manager.directory} at step {start}", file=sys.stderr)
     else:
-        state, start = init_fn(params), 0
+        state, start = init_fn(sharding.put_sharded(params, state_shardings.params)), 0
     del params
 
     val_factory = None
     if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
         val_source = make_source(config, "val", dim)
         val_factory = functools.partial(
-            make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False
-        )
+            make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
+            process_rows=process_rows,
+            lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length),
+        )  # fmt: skip
 
-    writer = SummaryWriter(str(workdir / "tensorboard")) if jax.process_index() == 0 else None
+    # tensorboardX writes gs:// and s3:// logdirs itself.
+    writer = (
+        MetricsWriter(workdir, tensorboard=config.get("tensorboard", True))
+        if jax.process_index() == 0
+        else None
+    )
     sigterm = SigtermFlag()
     summary = _loop(
         config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
@@ -265,19 +339,20 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     """The linear train loop: step, log, validate, checkpoint."""
     last: dict[str, float] = {}
     window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
+    shapes: set[tuple] = set()  # distinct batch shapes = distinct train-step programs
     bar = tqdm(total=steps, initial=start, desc="train", disable=jax.process_index() != 0)
     step_num = start
     # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
+            shapes.add(tuple((key, value.shape) for key, value in sorted(batch.items())))
             state, metrics = train_fn(state, sharding.to_global(batch, mesh))
             window_rows += int(np.sum(batch["weight"])) * jax.process_count()
             window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps
-            must_save = (
-                step_num % config.checkpoint_every == 0 or step_num == steps or sigterm.raised
-            )
+            stop = sigterm.reached(step_num)
+            must_save = step_num % config.checkpoint_every == 0 or step_num == steps or stop
             if must_log or must_save:
                 fetched = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 check_finite(fetched, step_num)
@@ -299,40 +374,84 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 with jax.transfer_guard("allow"):
                     checkpoint.save(manager, step_num, state, data_iter, force=True)
             bar.update(1)
-            if sigterm.raised:
+            if stop:
                 logging.warning("SIGTERM: checkpointed step %d, exiting", step_num)
                 break
     bar.close()
     last["step"] = step_num
+    last.update(compile_summary(len(shapes)))
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
+
+
+def compile_summary(step_programs: int) -> dict[str, float]:
+    """What this process compiled: step programs (batch shapes) and all XLA programs.
+
+    `compile/compiled` counts programs XLA built from scratch; the rest came from the persistent
+    compilation cache (`--compilation_cache`), so a second identical launch reports 0 there.
+    """
+    stats = cli.COMPILE_STATS.snapshot()
+    if jax.process_index() == 0:
+        print(
+            f"compile: {step_programs} train-step shapes; {stats['programs']} XLA programs, "
+            f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
+            f"{stats['compile_seconds']:.1f} s compiling or loading",
+            flush=True,
+        )
+    return {
+        "compile/step_programs": float(step_programs),
+        **{f"compile/{key}": float(value) for key, value in stats.items()},
+    }
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
     """Non-pad tokens of x and of the existing pi(x) in this host's batch."""
     real = batch["weight"] > 0
     if "pert_index" in batch:  # compact layout: pi(x) rows of perturbed x rows only
-        local = len(real)
-        offset = jax.process_index() * local
-        slot = batch["pert_index"] - offset
-        kept = (slot >= 0) & (slot < local)
-        kept[kept] = real[slot[kept]]
-        return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][kept].sum())
+        # The pipeline lists this host's perturbed rows first, in row order, then padding rows.
+        pert_rows = np.flatnonzero(batch["has_pert"])
+        kept = batch["pert_attention_mask"][: len(pert_rows)][real[pert_rows]]
+        return int(batch["attention_mask"][real].sum() + kept.sum())
     pert = real & batch["has_pert"]
     return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][pert].sum())
 
 
-def _write(writer, metrics: dict[str, float], step_num: int) -> None:
-    """TensorBoard scalars, and the same values as one line of `metrics.jsonl` in the workdir."""
-    if writer is None:
-        return
-    for key, value in metrics.items():
-        writer.add_scalar(key, value, step_num)
-    writer.flush()
-    log = Path(writer.logdir).parent / "metrics.jsonl"
-    with open(log, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"step": step_num, **metrics}) + "\n")
+class MetricsWriter:
+    """One line of `metrics.jsonl` per logged step in the workdir, and TensorBoard scalars.
+
+    TensorBoard is optional (`config.tensorboard`): tensorboardX imports torch, seconds per
+    launch, which the CPU demo does without.
+    """
+
+    def __init__(self, workdir: epath.Path, *, tensorboard: bool):
+        self.log = workdir / "metrics.jsonl"
+        self.tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # writes gs:// and s3:// logdirs itself
+
+            self.tensorboard = SummaryWriter(os.fspath(workdir / "tensorboard"))
+
+    def write(self, metrics: dict[str, float], step_num: int) -> None:
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, step_num)
+            self.tensorboard.flush()
+        line = json.dumps({"step": step_num, **metrics}) + "\n"
+        if paths.is_remote(self.log):  # object stores cannot append: rewrite the (small) file
+            self.log.write_text((self.log.read_text() if self.log.exists() else "") + line)
+            return
+        with self.log.open("a") as handle:
+            handle.write(line)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def _write(writer: MetricsWriter | None, metrics: dict[str, float], step_num: int) -> None:
+    if writer is not None:
+        writer.write(metrics, step_num)
 
 
 def main(argv) -> None:
@@ -342,7 +461,7 @@ def main(argv) -> None:
     maybe_initialize_distributed(config.multihost)
     summary = train(config, workdir)
     if jax.process_index() == 0:
-        hf.save_json(summary, Path(workdir) / "summary.json")
+        (paths.as_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":
@@ -350,4 +469,4 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, config.", required=True)
     flags.mark_flag_as_required("config")
-    app.run(main)
+    cli.run(main)

@@ -49,11 +49,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # transformers directory through PyTorch (black-box teachers, e.g. MPNet).
     config.teacher.backend = "flax"
     config.teacher.device = "auto"  # torch backend only: "auto", "cpu", "cuda", "cuda:1", ...
+    # flax backend: matrices in bfloat16 (an 8B teacher in 16 GB), each batch split over every
+    # local device, attention "xla" or "cudnn" (GPU, bf16 only).
+    config.teacher.param_dtype = "bfloat16"
+    config.teacher.data_parallel = True
+    config.teacher.attention = "xla"
 
     config.data = ml_collections.ConfigDict()
     config.data.dir = "runs/caliber/data"  # prepare's output; teacher stores go inside
     config.data.max_length = 512
     config.data.pad_to_multiple = 32
+    # Padded lengths form a ladder 32, 64, 96, 160, 256, 384, 512 (x1.5): one step program per
+    # rung and pi(x) row count, compiled once and then read from the persistent cache.
+    config.data.bucket_growth = 1.5
     config.data.length_group_window = 16
     # pi(x) of the perturbed rows only, P rounded up to this (0 = one row per x); see
     # pipeline.make_loader. 16 keeps P at 16 for most batches of 32 with ~40% perturbed.
@@ -70,9 +78,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dtype = "bfloat16"  # compute dtype; params stay float32
     config.model.num_layers = ml_collections.FieldReference(None, field_type=int)
     config.model.out_dim = ml_collections.FieldReference(None, field_type=int)
-    config.model.remat = False
+    # Per-layer rematerialisation: "none", "full" (recompute each layer) or "dots" (keep matmul
+    # outputs); attention: "xla" or "cudnn" (GPU, bf16, right-padded batches).
+    config.model.remat = "none"
+    config.model.attention = "xla"
 
     config.batch_size = 32
+    config.tensorboard = True  # TensorBoard scalars beside metrics.jsonl
     config.num_epochs = 1.0
     config.total_steps = 0  # 0 = num_epochs over the training passages
 

@@ -50,6 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every = 20
     config.checkpoint_every = 20
     config.keep_checkpoints = 2
+    config.tensorboard = False  # metrics.jsonl only: tensorboardX would import torch (seconds)
     if arg == "leaf":
         config.loss.lam = 0.0
     elif arg:

@@ -103,7 +103,7 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
     workdir = tmp_path / "term"
     proc = train(data_dir, workdir, "--config.total_steps=400", "--config.checkpoint_every=100",
                  wait=False)  # fmt: skip
-    wait_for(lambda: any(workdir.glob("tensorboard/events*")), proc)
+    wait_for(lambda: (workdir / "metrics.jsonl").is_file(), proc)
     time.sleep(2)  # a few steps in
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0

