@@ -164,7 +164,7 @@ def train(spec: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         rows_done += len(rows)
         if step_num % spec["log_every"] == 0 or step_num == len(plan) or first_loss is None:
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
             if first_loss is None:
                 first_loss = loss_value
             if not np.isfinite(loss_value):
