@@ -154,10 +154,11 @@ def run(args: list[str], log: Path) -> float:
 
 
 def evaluate_model(model: str, label: str, numgap: Path, output: Path, common_eval: list[str],
-                   log: Path) -> tuple[dict[str, Any], float]:  # fmt: skip
-    """`caliber_jax.evaluate` on FinanceBench + one NumGap file; returns (results, seconds)."""
+                   log: Path, tasks: str = "financebench,numgap",
+                   ) -> tuple[dict[str, Any], float]:  # fmt: skip
+    """`caliber_jax.evaluate` on `tasks` (one NumGap file); returns (results, seconds)."""
     seconds = run(["-m", "caliber_jax.evaluate", f"--model={model}", f"--label={label}",
-                   "--tasks=financebench,numgap", f"--numgap={numgap}", f"--output={output}",
+                   f"--tasks={tasks}", f"--numgap={numgap}", f"--output={output}",
                    *common_eval], log)  # fmt: skip
     return json.loads(output.read_text()), seconds
 
@@ -230,12 +231,15 @@ def main() -> None:
         plot_pareto(summary, out / "pareto.png")
 
     for name in filter(None, args.test.split(",")):
+        # FinanceBench does not depend on the NumGap split: only NumGap is re-scored on test.
         point = json.loads((points_dir / f"{name}.json").read_text())
         target = out / "results" / f"{name}.test.json"
         if not target.exists():
             evaluate_model(point["model"], name, data / "numgap_test.jsonl", target, common_eval,
-                           log)  # fmt: skip
+                           log, tasks="numgap")  # fmt: skip
         print(f"sweep: {name} test scores in {target}", flush=True)
+        test = scores(json.loads(target.read_text()))
+        print(f"{name}: test " + ", ".join(f"{k}={v:.4f}" for k, v in test.items()), flush=True)
     summary = summarise(load_points(points_dir))
     write_json(out / "summary.json", summary)
     plot_pareto(summary, out / "pareto.png")
