@@ -21,7 +21,9 @@ def test_permuted_device_order_matches_one_process(data_dir, tmp_path):
         # Process 0 holds rows 0-1 and 4-5 of every global batch: not one block.
         assert result["rows"] == [[0, 1, 4, 5], [2, 3, 6, 7]]
         assert result["moved"] > 1e-4  # the steps changed the params
-        assert result["derived"] <= 1e-5, result  # rows from the sharding: same as 1 process
+        # Rows from the sharding: the one-process result up to float32 rounding (the reference
+        # runs unsharded on one device; Adam's first steps scale rounding in tiny gradients up).
+        assert result["derived"] <= 5e-5, result
         assert result["contiguous"] > 1e-3, result  # the old block assumption: wrong rows
     print(f"permuted order: max |2 processes - 1 process| = {results[0]['derived']:.3g} "
           f"(contiguous assumption: {results[0]['contiguous']:.3g})")  # fmt: skip
