@@ -50,10 +50,7 @@ def load_teacher(teacher_config):
         dtype=teacher_config.dtype,
         param_dtype=teacher_config.get("param_dtype", "float32"),
         attention=teacher_config.get("attention", "xla"),
-        # TODO(#12): the Embedder feeds numpy batches to its local-mesh jit, which jax refuses
-        # once jax.distributed runs (it needs a device_put first); until then one device per
-        # process encodes in multi-process runs.
-        data_parallel=teacher_config.get("data_parallel", False) and jax.process_count() == 1,
+        data_parallel=teacher_config.get("data_parallel", False),
     )
 
 

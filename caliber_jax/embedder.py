@@ -218,6 +218,10 @@ class Embedder:
             ids, mask = pad_batch(
                 [seqs[r] for r in rows], rows=padded_rows, length=length, pad_id=self.pad_id
             )
+            if self.mesh is not None:
+                # Explicit placement: under jax.distributed a jit refuses host arrays for a mesh.
+                rows_sharding = sharding.batch_sharding(self.mesh)
+                ids, mask = jax.device_put((ids, mask), rows_sharding)
             vecs = self._embed(self.params, ids, mask)
             out[rows] = np.asarray(vecs)[: len(rows)]
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))

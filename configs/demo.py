@@ -31,6 +31,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.teacher.model_dir = minilm_dir()
     config.teacher.dtype = "float32"
+    config.teacher.param_dtype = "float32"  # CPU: float32 end to end
+    config.teacher.data_parallel = False  # one CPU device
     config.teacher.batch_size = 32
     config.teacher.max_length = 256
     config.teacher.chunk_rows = 512
