@@ -112,6 +112,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         "their count rounded up to m (default: the config's)",
     )
     parser.add_argument("--bucket-growth", type=float, help="config.data.bucket_growth")
+    parser.add_argument(
+        "--length-group-window",
+        type=int,
+        help="config.data.length_group_window for both frameworks (1 = plain shuffled order)",
+    )
+    parser.add_argument(
+        "--pack-length",
+        type=int,
+        help="config.data.pack_length: L > 0 packs JAX's sequences into rows of L tokens, 0 = "
+        "padded rows (default: the config's)",
+    )
     parser.add_argument("--remat", default="none", help="JAX remat policy (none, full, dots)")
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
@@ -140,6 +151,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.pert_rows_multiple = data.get("pert_rows_multiple", 0)
     if args.bucket_growth is None:
         args.bucket_growth = data.bucket_growth
+    if args.pack_length is None:
+        args.pack_length = data.get("pack_length", 0)
+    if args.length_group_window is None:
+        args.length_group_window = data.length_group_window
     return args
 
 
@@ -184,9 +199,10 @@ def build_rows(args, tokenizer) -> tuple[list[str], list[str]]:
     raise ValueError(f"--lengths={args.lengths!r}: expected 'filings' or 'fixed:N'")
 
 
-def epoch_batches(args, source, tokenizer) -> list[dict[str, np.ndarray]]:
+def epoch_batches(args, source, tokenizer, *, pack_length: int) -> list[dict[str, np.ndarray]]:
     """One epoch of `source` as `caliber_jax.train` loads it: `pipeline.make_loader`, one process,
-    with the config's padding ladder, length-grouping window and pi(x) layout."""
+    with the config's padding ladder, length-grouping window and pi(x) layout, or packed rows of
+    `pack_length` tokens (the same rows in each step either way)."""
     data = args.config.data
 
     def tokenize_fn(texts, max_length):
@@ -205,27 +221,29 @@ def epoch_batches(args, source, tokenizer) -> list[dict[str, np.ndarray]]:
         max_length=args.max_length,
         pad_id=pad_id,
         pad_to_multiple=data.pad_to_multiple,
-        length_group_window=data.length_group_window if args.lengths == "filings" else 1,
+        length_group_window=args.length_group_window if args.lengths == "filings" else 1,
         drop_remainder=True,
         worker_count=0,
         read_threads=1,
         pert_rows_multiple=args.pert_rows_multiple,
         bucket_growth=args.bucket_growth,
+        pack_length=pack_length,
+        pack_rows_multiple=args.config.data.get("pack_rows_multiple", 1),
     )
     return list(loader)
 
 
-def padding_study(epoch: list[dict[str, np.ndarray]]) -> None:
+def padding_study(epoch: list[dict[str, np.ndarray]], jax_epoch: list[dict[str, np.ndarray]]):
     """Share of the token slots each framework computes that is padding, over the whole epoch.
 
-    JAX: what the loader built (B x T + rows of pi(x) x T'); PyTorch: x and the real pi(x) rows
-    each padded to their own batch maximum.
+    JAX: what the loader built (B x T + rows of pi(x) x T', or the packed rows); PyTorch: x and
+    the real pi(x) rows each padded to their own batch maximum.
     """
     real = slots_jax = slots_torch = 0
-    for batch in epoch:
+    for batch, jax_batch in zip(epoch, jax_epoch, strict=True):
         lengths = common.real_lengths(batch)
         real += sum(lengths)
-        slots_jax += batch["input_ids"].size + batch["pert_input_ids"].size
+        slots_jax += token_slots(jax_batch)
         x_len = batch["attention_mask"].sum(axis=1)
         p_len = np.asarray(lengths[len(x_len) :])
         slots_torch += len(x_len) * x_len.max() + len(p_len) * p_len.max(initial=0)
@@ -233,6 +251,13 @@ def padding_study(epoch: list[dict[str, np.ndarray]]) -> None:
         f"padding_frac(epoch of {len(epoch)} batches): jax={1 - real / slots_jax:.3f} "
         f"torch={1 - real / slots_torch:.3f}"
     )
+
+
+def token_slots(batch: dict[str, np.ndarray]) -> int:
+    """Token positions the JAX step computes for `batch` (real and padding)."""
+    if "packed_ids" in batch:
+        return batch["packed_ids"].size
+    return batch["input_ids"].size + batch["pert_input_ids"].size
 
 
 def loss_args(config) -> dict:
@@ -319,7 +344,7 @@ class JaxRunner:
         stats = self.device.memory_stats()
         if stats and "peak_bytes_in_use" in stats:
             return f"{common.format_bytes(stats['peak_bytes_in_use'])} (peak_bytes_in_use)"
-        longest = max(self.batches, key=lambda b: b["pert_input_ids"].size + b["input_ids"].size)
+        longest = max(self.batches, key=token_slots)
         analysis = self.train_fn.lower(self.state, longest).compile().memory_analysis()
         used = (
             analysis.argument_size_in_bytes
@@ -413,7 +438,7 @@ def summarise(name, result, batches, student, peak) -> float:
     """Prints one framework's figures; returns its sequences/s."""
     seconds = sum(float(np.median(t)) for t in result["wall"])
     cpu_seconds = sum(float(np.median(t)) for t in result["cpu"])
-    rows = sum(b["input_ids"].shape[0] for b in batches)
+    rows = sum(b["has_pert"].shape[0] for b in batches)
     lengths = [t for b in batches for t in common.real_lengths(b)]
     flops = common.model_flops(student, lengths, backward=True)
     seq_per_s = rows / seconds
@@ -487,30 +512,37 @@ def main(argv=None) -> None:
     dim = student.spec.out_dim or student.config.width
     with tempfile.TemporaryDirectory(prefix="train_throughput_") as tmp:
         source = common.write_source(tmp, texts, perturbed, dim=dim, seed=args.seed)
-        epoch = epoch_batches(args, source, tokenizer)
+        epoch = epoch_batches(args, source, tokenizer, pack_length=0)
+        jax_epoch = epoch
+        if args.pack_length:
+            jax_epoch = epoch_batches(args, source, tokenizer, pack_length=args.pack_length)
     picks = common.stratified_picks(
         [int(b["attention_mask"].sum()) for b in epoch], num_batches=args.num_batches
     )
     batches = [epoch[i] for i in picks]
+    jax_batches = [jax_epoch[i] for i in picks]
     device = jax.devices()[0]
     peak, peak_source = common.peak_flops(device, dtype=args.dtype)  # before anything else runs
-    jax_runner = JaxRunner(args, student, batches)
+    jax_runner = JaxRunner(args, student, jax_batches)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(jax_runner.compile_all)
         pert = np.mean([b["has_pert"].mean() for b in batches])
-        shapes = sorted({(b["input_ids"].shape, b["pert_input_ids"].shape) for b in batches})
+        shapes = sorted({JaxRunner._shape_key(b) for b in jax_batches})
+        shapes = [tuple(s for k, s in key if "ids" in k) for key in shapes]
         print(f"preset={args.preset} device={device.device_kind} cores={os.cpu_count()}")
         print(
             f"model={args.model} layers={student.config.num_hidden_layers} "
             f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
             f"batch={args.batch_size} pert_frac={pert:.3f} lengths={args.lengths} "
             f"max_length={args.max_length} pert_rows_multiple={args.pert_rows_multiple} "
-            f"bucket_growth={args.bucket_growth} jax_attention={args.jax_attention} "
+            f"bucket_growth={args.bucket_growth} pack_length={args.pack_length} "
+            f"length_group_window={args.length_group_window} "
+            f"jax_attention={args.jax_attention} "
             f"xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
         )
-        print(f"jax_batch_shapes(x,pi_x)={shapes}")
+        print(f"jax_batch_shapes(token ids)={shapes}")
         print(f"peak_flops={peak:.4g} ({peak_source})")
-        padding_study(epoch)
+        padding_study(epoch, jax_epoch)
         lengths = [t for b in batches for t in common.real_lengths(b)]
         print(
             f"timed_batches={len(batches)} real_tokens_per_batch={sum(lengths) / len(batches):.0f}"

@@ -40,7 +40,7 @@ def _pad_to(x_bt: jax.Array, length: int) -> jax.Array:
 
 
 # The pi(x) layouts `embed_pairs` reads (see `pipeline.make_loader`, `pert_rows_multiple`).
-BATCH_LAYOUTS = ("stacked", "compact")
+BATCH_LAYOUTS = ("stacked", "compact", "packed")
 
 
 def embed_pairs(
@@ -52,9 +52,21 @@ def embed_pairs(
     perturbation still run (static shapes) and the loss masks them out. "compact" layout:
     `pert_input_ids` holds only P perturbed rows and `pert_index` [P] names the x row of each
     (B on padding rows), so the forward runs B + P rows; s_px is scattered back to [B, E], zero
-    where there is no perturbation. Either way both come back [B, E].
+    where there is no perturbation. "packed" layout: `packed_ids`/`packed_slots`/
+    `packed_positions` hold every x and existing pi(x) end to end (slot g for x row g, B + g for
+    its pi(x)), so no token slot is wasted on padding; s_px is again zero where there is none.
+    Each way both come back [B, E].
     """
     model = nnx.merge(graphdef, params)
+    if "packed_ids" in batch:
+        rows = batch["has_pert"].shape[0]
+        vecs = model.embed_packed(
+            batch["packed_ids"],
+            batch["packed_slots"],
+            batch["packed_positions"],
+            num_segments=2 * rows,
+        )
+        return vecs[:rows], vecs[rows:]
     length = max(batch["input_ids"].shape[1], batch["pert_input_ids"].shape[1])
     ids = jnp.concatenate(
         [_pad_to(batch["input_ids"], length), _pad_to(batch["pert_input_ids"], length)]

@@ -98,6 +98,9 @@ def make_loader(config, source, tokenize_fn, *, pad_id, train: bool, process_row
         if config.data.pert_rows_multiple
         else 0,
         bucket_growth=config.data.bucket_growth,
+        pack_length=config.data.pack_length,
+        # Packed rows split evenly over this process's devices too.
+        pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
         process_rows=process_rows,
         lengths=lengths,
     )
@@ -235,6 +238,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
+    if config.data.pack_length and config.model.attention == "cudnn":
+        raise ValueError(
+            "config.data.pack_length: packed rows need model.attention='xla' (cuDNN's kernel "
+            "takes right-padded rows); set data.pack_length=0 to use cudnn"
+        )
     # Weights stay in host memory until each device receives its own shard (put_sharded).
     with jax.default_device(host_device()):
         graphdef, params_state = embedding.split_model(
@@ -408,6 +416,10 @@ def compile_summary(step_programs: int) -> dict[str, float]:
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
     """Non-pad tokens of x and of the existing pi(x) in this host's batch."""
     real = batch["weight"] > 0
+    if "packed_slots" in batch:  # slot g: x row g, B + g: its pi(x), 2B: padding
+        size = len(real)  # this host's rows; slots hold global positions
+        slots = batch["packed_slots"]
+        return int(np.sum(slots < 2 * size * jax.process_count()))
     if "pert_index" in batch:  # compact layout: pi(x) rows of perturbed x rows only
         # The pipeline lists this host's perturbed rows first, in row order, then padding rows.
         pert_rows = np.flatnonzero(batch["has_pert"])

@@ -66,6 +66,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # pi(x) of the perturbed rows only, P rounded up to this (0 = one row per x); see
     # pipeline.make_loader. 16 keeps P at 16 for most batches of 32 with ~40% perturbed.
     config.data.pert_rows_multiple = 16
+    # The "packed" layout: L > 0 packs every x and pi(x) end to end into rows of L >= max_length
+    # tokens (almost no padding; only the row count varies, rounded up to pack_rows_multiple).
+    # 0 keeps right-padded rows, which attention="cudnn" needs. CPU configs turn it on.
+    config.data.pack_length = 0
+    config.data.pack_rows_multiple = 4
     config.data.drop_remainder = True
     config.data.worker_count = 0
     config.data.read_threads = 4

@@ -360,8 +360,9 @@ def test_triplet_loss_euclidean_and_weights():
     row0 = max(0.0, 0.1 + np.sqrt(0.4) - np.sqrt(0.8))
     np.testing.assert_allclose(loss, (row0 + row1) / 2, atol=1e-6)
     grad = jax.grad(
-        lambda p: losses.triplet_loss(q, p, neg, margin=0.1, distance="euclidean",
-                                      weights=weights)[0]  # fmt: skip
+        lambda p: losses.triplet_loss(q, p, neg, margin=0.1, distance="euclidean", weights=weights)[
+            0
+        ]  # fmt: skip
     )(pos)
     assert np.all(np.isfinite(np.asarray(grad)))
     np.testing.assert_allclose(grad[2], 0.0)

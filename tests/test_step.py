@@ -164,6 +164,47 @@ def test_compact_layout_matches_stacked():
         )
 
 
+def to_packed(batch, *, length, rows_multiple):
+    """The packed layout of a stacked test batch (as `pipeline.make_loader` builds it)."""
+    from caliber_jax.data import padding
+
+    size = len(batch["has_pert"])
+    pairs = zip(batch["input_ids"], batch["attention_mask"], strict=True)
+    seqs = [row[m > 0] for row, m in pairs]
+    slots = list(range(size))
+    for g in np.flatnonzero(batch["has_pert"]):
+        seqs.append(batch["pert_input_ids"][g][batch["pert_attention_mask"][g] > 0])
+        slots.append(size + g)
+    bins = len(padding.pack_bins([len(q) for q in seqs], capacity=length))
+    rows = -(-bins // rows_multiple) * rows_multiple
+    ids, slot_ids, positions = padding.pack_rows(
+        seqs, slots, rows=rows, length=length, pad_id=0, pad_slot=2 * size
+    )
+    packed = {k: v for k, v in batch.items() if "input_ids" not in k and "mask" not in k}
+    return {**packed, "packed_ids": ids, "packed_slots": slot_ids, "packed_positions": positions}
+
+
+def test_packed_layout_matches_stacked():
+    """Same loss, parts and gradients (hence the same training) with sequences packed in rows."""
+    graphdef, params = make_model(0)
+    batch = make_batch(6, rows=8)
+    kwargs = dict(graphdef=graphdef, lam=0.5, margin=0.05, reduction="batch")
+    grad_fn = jax.jit(jax.value_and_grad(functools.partial(step.loss_fn, **kwargs), has_aux=True))
+    (loss, parts), grads = grad_fn(params, batch)
+    packed = to_packed(batch, length=32, rows_multiple=2)
+    # Fewer token slots than the 2 x 8 x 16 of the stacked layout, several sequences per row.
+    assert packed["packed_ids"].size < batch["input_ids"].size + batch["pert_input_ids"].size
+    assert max(len(set(row.tolist()) - {16}) for row in packed["packed_slots"]) >= 2
+    (loss_p, parts_p), grads_p = grad_fn(params, packed)
+    assert np.isfinite(loss_p)
+    np.testing.assert_allclose(loss_p, loss, rtol=1e-5)
+    for key in parts:
+        np.testing.assert_allclose(parts_p[key], parts[key], rtol=1e-5, atol=1e-7)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads_p, grads
+    )
+
+
 def neighbour_batch(seed, teacher):
     """A calibration batch: the teacher is the student's own init; x_nb = the next row."""
     batch = make_batch(seed, teacher=teacher)

@@ -57,3 +57,67 @@ def pad_rows(
         ids[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
     return ids, mask
+
+
+def pack_bins(lengths: Sequence[int], *, capacity: int) -> list[list[int]]:
+    """First-fit decreasing: sequence indices grouped into rows of at most `capacity` tokens.
+
+    Deterministic (ties keep input order), so every process computes every process's packing.
+
+    Returns:
+      One list of indices per packed row, in the order rows were opened.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for index in order:
+        length = int(lengths[index])
+        if length > capacity:
+            raise ValueError(f"sequence {index}: {length} tokens do not fit in a row of {capacity}")
+        row = next((r for r, room in enumerate(free) if room >= length), None)
+        if row is None:
+            bins.append([])
+            free.append(capacity)
+            row = len(bins) - 1
+        bins[row].append(index)
+        free[row] -= length
+    return bins
+
+
+def pack_rows(
+    id_lists: Sequence[Sequence[int]],
+    slots: Sequence[int],
+    *,
+    rows: int,
+    length: int,
+    pad_id: int,
+    pad_slot: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packs token id lists end to end into `[rows, length]` (see `pack_bins`).
+
+    Args:
+      id_lists: the sequences.
+      slots: one int per sequence: where its pooled vector goes (`EmbeddingModel.embed_packed`).
+      rows, length: the output shape; the packing must fit.
+      pad_id: token id of padding positions.
+      pad_slot: slot of padding positions (out of range for the pooled output).
+
+    Returns:
+      ids, slots, positions: [rows, length] int32 each; positions count from 0 in every sequence.
+    """
+    bins = pack_bins([len(ids) for ids in id_lists], capacity=length)
+    if len(bins) > rows:
+        raise ValueError(f"{len(id_lists)} sequences need {len(bins)} packed rows, above {rows}")
+    ids_rl = np.full((rows, length), pad_id, np.int32)
+    slots_rl = np.full((rows, length), pad_slot, np.int32)
+    positions_rl = np.zeros((rows, length), np.int32)
+    for row, members in enumerate(bins):
+        start = 0
+        for index in members:
+            seq = id_lists[index]
+            end = start + len(seq)
+            ids_rl[row, start:end] = seq
+            slots_rl[row, start:end] = slots[index]
+            positions_rl[row, start:end] = np.arange(len(seq))
+            start = end
+    return ids_rl, slots_rl, positions_rl

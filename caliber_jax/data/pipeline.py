@@ -268,6 +268,8 @@ def make_loader(
     read_threads: int,
     pert_rows_multiple: int = 0,
     bucket_growth: float = 1.0,
+    pack_length: int = 0,
+    pack_rows_multiple: int = 1,
     process_rows: np.ndarray | None = None,
     lengths: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> grain.IterDataset:
@@ -316,6 +318,15 @@ def make_loader(
         multiple of the local device count so that P shards evenly.
       bucket_growth: ratio between consecutive padded lengths (1 = every multiple of
         `pad_to_multiple`; 1.5 = a handful of rungs, hence of compiled programs).
+      pack_length: 0 keeps the padded layouts above. L > 0 gives the "packed" layout: this
+        process's x and existing pi(x) sequences are packed end to end (first-fit decreasing)
+        into rows of L tokens, replacing input_ids, attention_mask and the pert_* arrays with
+        packed_ids [r, L] (pad_id where empty), packed_slots [r, L] (the pooled vector each
+        token belongs to: global batch position g for x, B + g for its pi(x), 2B for padding)
+        and packed_positions [r, L] (position within its sequence). Almost no padding, and only
+        the row count r varies (rounded up to `pack_rows_multiple`, the same on every process).
+        Needs L >= max_length.
+      pack_rows_multiple: r is a multiple of this; keep it a multiple of the local device count.
       process_rows: [process_count, b] global batch positions of each process's rows, as the
         device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
         process order. Process p reads the planned batch's rows at process_rows[p], so the
@@ -332,6 +343,11 @@ def make_loader(
         raise ValueError(f"process_index={process_index} not in [0, {process_count})")
     if pert_rows_multiple < 0:
         raise ValueError(f"pert_rows_multiple={pert_rows_multiple} must be >= 0 (0 = stacked)")
+    if pack_length and (pack_length < max_length or pack_rows_multiple < 1):
+        raise ValueError(
+            f"pack_length={pack_length} must be 0 (off) or >= max_length={max_length}, with "
+            f"pack_rows_multiple={pack_rows_multiple} >= 1"
+        )
     if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
         raise ValueError(
             f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
@@ -377,6 +393,8 @@ def make_loader(
         pad_id=pad_id,
         pad_to_multiple=pad_to_multiple,
         pert_rows_multiple=pert_rows_multiple,
+        pack_length=pack_length,
+        pack_rows_multiple=pack_rows_multiple,
         buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
         process_rows=process_rows,
         has_pert=np.array([bool(text) for text in perturbed]),
@@ -446,37 +464,80 @@ class _LoadBatch:
         positions = o["process_rows"][o["process_index"]]
         mine = filled[positions]
         texts, perturbed = self.source.read_texts(mine)
-        # Lengths come from the whole global batch, so every process pads to the same shape, and
-        # x and pi(x) share one length (fewer distinct programs to compile).
-        longest = int(max(self.lengths[filled].max(), self.pert_lengths[filled].max()))
-        input_ids, attention_mask = self._tokenize_pad(texts, self.lengths, mine, longest)
         has_pert = np.array([bool(text) for text in perturbed])
-        compact = {}
-        if o["pert_rows_multiple"]:
-            pert_input_ids, pert_attention_mask, compact["pert_index"] = self._compact_pert(
-                perturbed, filled, mine, longest
-            )
+        if o["pack_length"]:
+            arrays = self._pack(texts, perturbed, filled, mine)
         else:
-            pert_input_ids, pert_attention_mask = self._tokenize_pad(
-                perturbed, self.pert_lengths, mine, longest
-            )
+            arrays = self._pad(texts, perturbed, filled, mine)
         teacher_x, teacher_px = self.source.read_teacher(mine)
         teacher_px[~has_pert] = 0.0
         if self.source.neighbours is not None:
             # Teacher vectors of each row's mined topical neighbour (objective "neighbour").
-            compact["teacher_nb"], compact["has_nb"] = self.source.read_neighbours(mine)
+            arrays["teacher_nb"], arrays["has_nb"] = self.source.read_neighbours(mine)
         return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "pert_input_ids": pert_input_ids,
-            "pert_attention_mask": pert_attention_mask,
             "has_pert": has_pert,
             "teacher_x": teacher_x,
             "teacher_px": teacher_px,
             "index": rows[positions],
             "weight": real[positions].astype(np.float32),
-            **compact,
+            **arrays,
         }
+
+    def _pad(
+        self, texts: list[str], perturbed: list[str], batch: np.ndarray, mine: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The "stacked" and "compact" layouts: x and pi(x) rows right-padded to one length."""
+        # Lengths come from the whole global batch, so every process pads to the same shape, and
+        # x and pi(x) share one length (fewer distinct programs to compile).
+        longest = int(max(self.lengths[batch].max(), self.pert_lengths[batch].max()))
+        arrays = {}
+        arrays["input_ids"], arrays["attention_mask"] = self._tokenize_pad(
+            texts, self.lengths, mine, longest
+        )
+        if self.options["pert_rows_multiple"]:
+            (
+                arrays["pert_input_ids"],
+                arrays["pert_attention_mask"],
+                arrays["pert_index"],
+            ) = self._compact_pert(perturbed, batch, mine, longest)
+        else:
+            arrays["pert_input_ids"], arrays["pert_attention_mask"] = self._tokenize_pad(
+                perturbed, self.pert_lengths, mine, longest
+            )
+        return arrays
+
+    def _pack(
+        self, texts: list[str], perturbed: list[str], batch: np.ndarray, mine: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """The "packed" layout: this process's x and pi(x) sequences end to end in rows.
+
+        Slot of x at global batch position g: g; of its pi(x): B + g; padding: 2B. The row count
+        is the most any process needs (each computes every process's packing from the global
+        batch's lengths), rounded up to `pack_rows_multiple`, so all processes share one shape.
+        """
+        o = self.options
+        capacity, size = o["pack_length"], o["batch_size"]
+
+        def sequence_lengths(members: np.ndarray) -> list[int]:
+            pert = members[self.has_pert[members]]
+            return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
+
+        needed = max(
+            len(padding.pack_bins(sequence_lengths(batch[rows]), capacity=capacity))
+            for rows in o["process_rows"]
+        )
+        multiple = o["pack_rows_multiple"]
+        count = max(multiple, -(-needed // multiple) * multiple)
+        positions = o["process_rows"][o["process_index"]]
+        pert_rows = [i for i, text in enumerate(perturbed) if text]
+        id_lists = self._tokenize_checked(texts, self.lengths[mine]) + self._tokenize_checked(
+            [perturbed[i] for i in pert_rows], self.pert_lengths[mine[pert_rows]]
+        )
+        slots = positions.tolist() + [size + int(positions[i]) for i in pert_rows]
+        ids, slot_ids, token_positions = padding.pack_rows(
+            id_lists, slots, rows=count, length=capacity, pad_id=o["pad_id"], pad_slot=2 * size
+        )
+        return {"packed_ids": ids, "packed_slots": slot_ids, "packed_positions": token_positions}
 
     def _compact_pert(
         self, perturbed: list[str], batch: np.ndarray, mine: np.ndarray, longest: int
@@ -513,11 +574,17 @@ class _LoadBatch:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tokenizes and right-pads to the bucket of `longest`."""
         length = padding.bucket_for(longest, self.options["buckets"])
+        ids = self._tokenize_checked(texts, expected)
+        return padding.pad_rows(ids, rows=len(ids), length=length, pad_id=self.options["pad_id"])
+
+    def _tokenize_checked(self, texts: list[str], expected: np.ndarray) -> list[list[int]]:
+        if not texts:
+            return []
         ids = self.options["tokenize_fn"](texts, self.options["max_length"])
         found = [len(row) for row in ids]
-        if found != expected.tolist():
+        if found != np.asarray(expected).tolist():
             raise ValueError(
                 f"tokenize_fn is not deterministic: got lengths {found}, "
-                f"{expected.tolist()} when the loader was built"
+                f"{np.asarray(expected).tolist()} when the loader was built"
             )
-        return padding.pad_rows(ids, rows=len(ids), length=length, pad_id=self.options["pad_id"])
+        return [list(row) for row in ids]

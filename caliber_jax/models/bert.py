@@ -107,12 +107,13 @@ class BertEmbeddings(nnx.Module):
         self.token_type_embeddings = _embed(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
 
-    def __call__(self, input_ids_bt: jax.Array) -> jax.Array:
-        positions = jnp.arange(input_ids_bt.shape[1])[None, :]
+    def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
+        if positions_bt is None:
+            positions_bt = jnp.arange(input_ids_bt.shape[1])[None, :]
         # Token type 0 everywhere: sentence embedders encode single segments.
         x_btd = (
             self.word_embeddings(input_ids_bt)
-            + self.position_embeddings(positions)
+            + self.position_embeddings(positions_bt)
             + self.token_type_embeddings(jnp.zeros_like(input_ids_bt))
         )
         return self.LayerNorm(x_btd)
@@ -173,16 +174,26 @@ class BertEncoder(nnx.Module):
         )
         self.remat = layers.resolve_remat(remat)
 
-    def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
-        if input_ids_bt.shape[1] > self.config.max_position_embeddings:
+    def __call__(
+        self,
+        input_ids_bt: jax.Array,
+        attention_mask_bt: jax.Array,
+        *,
+        segment_ids_bt: jax.Array | None = None,
+        positions_bt: jax.Array | None = None,
+    ) -> jax.Array:
+        """`segment_ids_bt`/`positions_bt`: packed rows (attention within a segment, positions
+        restarting in each); without them every row is one right- or left-padded sequence."""
+        if segment_ids_bt is None and input_ids_bt.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {input_ids_bt.shape[1]} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
+        mask = attention_mask_bt if segment_ids_bt is None else layers.segment_mask(segment_ids_bt)
         apply = layers.remat_layer(_apply_layer, self.remat)
-        x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt))
+        x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt), positions_bt)
         for layer in self.layer:
-            x_btd = apply(layer, x_btd, attention_mask_bt)
+            x_btd = apply(layer, x_btd, mask)
         return x_btd
 
 

@@ -63,7 +63,38 @@ class EmbeddingModel(nnx.Module):
     def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
         """Returns [B, E] float32 unit vectors."""
         hidden_btd = self.encoder(input_ids_bt, attention_mask_bt)
-        pooled_bd = layers.POOLERS[self.pooling](hidden_btd, attention_mask_bt)
+        return self._head(layers.POOLERS[self.pooling](hidden_btd, attention_mask_bt))
+
+    def embed_packed(
+        self,
+        input_ids_bt: jax.Array,
+        segment_ids_bt: jax.Array,
+        positions_bt: jax.Array,
+        *,
+        num_segments: int,
+    ) -> jax.Array:
+        """Vectors of sequences packed end to end in rows (`padding.pack_rows`).
+
+        Args:
+          input_ids_bt: [B, T] token ids of the packed rows.
+          segment_ids_bt: [B, T] the output row of each token's sequence; ids outside
+            [0, num_segments) mark padding.
+          positions_bt: [B, T] position of each token within its sequence.
+          num_segments: S, rows of the output.
+
+        Returns:
+          [S, E] float32 unit vectors, zeros for ids no token carries.
+        """
+        real_bt = (segment_ids_bt >= 0) & (segment_ids_bt < num_segments)
+        hidden_btd = self.encoder(
+            input_ids_bt, real_bt, segment_ids_bt=segment_ids_bt, positions_bt=positions_bt
+        )
+        pooled = layers.pool_packed(
+            hidden_btd, segment_ids_bt, pooling=self.pooling, num_segments=num_segments
+        )
+        return self._head(pooled)
+
+    def _head(self, pooled_bd: jax.Array) -> jax.Array:
         if self.dense is not None:
             pooled_bd = self.dense(pooled_bd)  # float32: W_out is tiny and feeds the loss directly
         return layers.l2_normalize(pooled_bd)

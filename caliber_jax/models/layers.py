@@ -73,6 +73,15 @@ def positions_from_mask(attention_mask_bt: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask_bt.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def segment_mask(segment_ids_bt: jax.Array) -> jax.Array:
+    """[B, T, S] bool: query t may attend key s when both belong to the same packed sequence.
+
+    For the "packed" layout, where one row holds several sequences end to end (padding tokens
+    share a segment id of their own and attend only to each other; pooling drops them).
+    """
+    return segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+
+
 def rope_cos_sin(positions_bt: jax.Array, *, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
     """HF default RoPE tables: `cos`, `sin` of shape [B, T, H] (half-frequencies repeated twice)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
@@ -106,14 +115,17 @@ def attention(
 ) -> jax.Array:
     """Scaled dot-product attention over non-pad keys; grouped-query when K < N.
 
-    Uses `jax.nn.dot_product_attention`, which keeps the softmax in float32. "cudnn" reads the
-    mask as right padding (`query_seq_lengths`/`key_value_seq_lengths` = its row sums); padded
-    query rows then come back as zeros, which pooling ignores.
+    `attention_mask_bs` is a [B, S] key mask, or a [B, T, S] mask (`segment_mask`, packed rows;
+    "xla" only). "cudnn" goes through `jax.nn.dot_product_attention`, which keeps the softmax in
+    float32, and reads the mask as right padding (`query_seq_lengths`/`key_value_seq_lengths` =
+    its row sums); padded query rows then come back as zeros, which pooling ignores.
 
     Returns:
         [B, T, N, H] in the dtype of q.
     """
     if implementation == "cudnn":
+        if attention_mask_bs.ndim != 2:
+            raise ValueError("attention='cudnn' takes right-padded rows, not packed ones")
         lengths_b = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
         return jax.nn.dot_product_attention(
             q_btnh,
@@ -141,7 +153,9 @@ def _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool
     b, t, n, h = q_btnh.shape
     k = k_bskh.shape[2]
     scale = 1.0 / np.sqrt(h)
-    mask_bts = attention_mask_bs.astype(bool)[:, None, :]
+    mask_bts = attention_mask_bs.astype(bool)
+    if mask_bts.ndim == 2:
+        mask_bts = mask_bts[:, None, :]
     if causal:
         s = k_bskh.shape[1]
         mask_bts = mask_bts & (jnp.arange(s)[None, None, :] <= jnp.arange(t)[None, :, None])
@@ -202,10 +216,35 @@ def last_token_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.
 
 
 def l2_normalize(x_bd: jax.Array, eps: float = 1e-12) -> jax.Array:
-    """Row-wise L2 normalisation in float32 (as `torch.nn.functional.normalize`)."""
+    """Row-wise L2 normalisation in float32 (as `torch.nn.functional.normalize`).
+
+    max(||x||, eps) taken as sqrt(max(||x||^2, eps^2)): the same value, and a zero row (a packed
+    slot with no sequence) gets a zero gradient instead of 0 x inf = NaN from sqrt at 0.
+    """
     x32 = x_bd.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
-    return x32 / jnp.maximum(norm, eps)
+    norm = jnp.sqrt(jnp.maximum(jnp.sum(x32 * x32, axis=-1, keepdims=True), eps * eps))
+    return x32 / norm
 
 
 POOLERS = {"mean": mean_pool, "last": last_token_pool}
+
+
+def pool_packed(
+    hidden_btd: jax.Array, segment_ids_bt: jax.Array, *, pooling: str, num_segments: int
+) -> jax.Array:
+    """`POOLERS[pooling]` per packed sequence: [num_segments, D] float32, zeros for empty ids.
+
+    Tokens whose segment id is outside [0, num_segments) (padding) are dropped. "last" takes a
+    segment's final token: sequences lie end to end, so that is where the next id differs.
+    """
+    if pooling not in POOLERS:
+        raise ValueError(f"pooling={pooling!r}, expected one of {sorted(POOLERS)}")
+    hidden_nd = hidden_btd.astype(jnp.float32).reshape(-1, hidden_btd.shape[-1])
+    segments_n = segment_ids_bt.reshape(-1)
+    if pooling == "last":
+        following = jnp.pad(segment_ids_bt[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+        take_n = (segment_ids_bt != following).reshape(-1).astype(jnp.float32)
+        return jax.ops.segment_sum(hidden_nd * take_n[:, None], segments_n, num_segments)
+    total = jax.ops.segment_sum(hidden_nd, segments_n, num_segments)
+    count = jax.ops.segment_sum(jnp.ones_like(segments_n, jnp.float32), segments_n, num_segments)
+    return total / jnp.maximum(count, 1.0)[:, None]

@@ -199,15 +199,26 @@ class Qwen3Encoder(nnx.Module):
         self.norm = layers.RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
         self.remat = layers.resolve_remat(remat)
 
-    def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
-        positions_bt = layers.positions_from_mask(attention_mask_bt)
+    def __call__(
+        self,
+        input_ids_bt: jax.Array,
+        attention_mask_bt: jax.Array,
+        *,
+        segment_ids_bt: jax.Array | None = None,
+        positions_bt: jax.Array | None = None,
+    ) -> jax.Array:
+        """`segment_ids_bt`/`positions_bt`: packed rows (causal attention within a segment,
+        positions restarting in each); without them every row is one padded sequence."""
+        if positions_bt is None:
+            positions_bt = layers.positions_from_mask(attention_mask_bt)
+        mask = attention_mask_bt if segment_ids_bt is None else layers.segment_mask(segment_ids_bt)
         cos_bth, sin_bth = layers.rope_cos_sin(
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
         )
         apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embed_tokens(layers.mask_ids(input_ids_bt, attention_mask_bt))
         for layer in self.layers:
-            x_btd = apply(layer, x_btd, cos_bth, sin_bth, attention_mask_bt)
+            x_btd = apply(layer, x_btd, cos_bth, sin_bth, mask)
         return self.norm(x_btd)
 
 

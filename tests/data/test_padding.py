@@ -39,3 +39,25 @@ def test_pad_rows():
         padding.pad_rows([[1] * 5], rows=1, length=4, pad_id=0)
     with pytest.raises(ValueError, match="growth >= 1"):
         padding.bucket_lengths(64, multiple=16, growth=0.5)
+
+
+def test_pack_bins_first_fit_decreasing():
+    assert padding.pack_bins([5, 3, 4, 2, 6], capacity=8) == [[4, 3], [0, 1], [2]]
+    assert padding.pack_bins([], capacity=8) == []
+    with pytest.raises(ValueError, match="sequence 1: 9 tokens do not fit in a row of 8"):
+        padding.pack_bins([1, 9], capacity=8)
+
+
+def test_pack_rows_places_every_sequence():
+    ids, slots, positions = padding.pack_rows(
+        [[7, 8, 9], [4, 5], [1, 2, 3, 4, 5, 6]], [10, 11, 12], rows=3, length=8, pad_id=0,
+        pad_slot=99,
+    )  # fmt: skip
+    np.testing.assert_array_equal(ids[0], [1, 2, 3, 4, 5, 6, 4, 5])
+    np.testing.assert_array_equal(slots[0], [12] * 6 + [11] * 2)
+    np.testing.assert_array_equal(positions[0], [0, 1, 2, 3, 4, 5, 0, 1])
+    np.testing.assert_array_equal(ids[1], [7, 8, 9, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(slots[1], [10] * 3 + [99] * 5)
+    assert np.all(slots[2] == 99) and np.all(ids[2] == 0)
+    with pytest.raises(ValueError, match="need 2 packed rows, above 1"):
+        padding.pack_rows([[1] * 5, [2] * 5], [0, 1], rows=1, length=8, pad_id=0, pad_slot=9)

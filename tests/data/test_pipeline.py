@@ -452,3 +452,61 @@ def test_neighbour_teacher_rows(corpus, tmp_path):
     with pytest.raises(ValueError, match=rf"passages.jsonl:{NUM_ROWS + 1}: field 'neighbour'"):
         pipeline.load_neighbours(paths["passages.jsonl"])
 
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_packed_layout(corpus, process_count):
+    """Every x and existing pi(x) appears once, whole, at its slot; one shape on all processes."""
+    source, texts, perturbed, _ = corpus
+    size, capacity = 8, 64
+    options = dict(batch_size=size, seed=3, length_group_window=2, num_epochs=1)
+    stacked = batches(source, **options)
+    shards = [
+        batches(
+            source,
+            pack_length=capacity,
+            pack_rows_multiple=2,
+            process_index=p,
+            process_count=process_count,
+            **options,
+        )  # fmt: skip
+        for p in range(process_count)
+    ]
+    for step_num, full in enumerate(stacked):
+        parts = [shard[step_num] for shard in shards]
+        assert len({part["packed_ids"].shape for part in parts}) == 1
+        assert all("input_ids" not in part for part in parts)
+        for key in ("has_pert", "teacher_px", "index"):
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), full[key])
+        ids = np.concatenate([p["packed_ids"] for p in parts])
+        slots = np.concatenate([p["packed_slots"] for p in parts])
+        positions = np.concatenate([p["packed_positions"] for p in parts])
+        assert ids.shape[1] == capacity and ids.shape[0] % (2 * process_count) == 0
+        rows = full["index"].copy()  # padding rows (-1, last batch) encode copies of real rows
+        rows[rows < 0] = rows[rows >= 0][: np.sum(rows < 0)]
+        expected = {g: byte_tokenize([texts[rows[g]]], 64)[0] for g in range(size)}
+        for g in np.flatnonzero(full["has_pert"]):
+            expected[size + g] = byte_tokenize([perturbed[rows[g]]], 64)[0]
+        assert set(np.unique(slots)) - {2 * size} == set(expected)
+        for slot, want in expected.items():
+            rows, cols = np.nonzero(slots == slot)
+            assert len(set(rows)) == 1 and np.all(np.diff(cols) == 1)  # one contiguous run
+            np.testing.assert_array_equal(ids[rows, cols], want)
+            np.testing.assert_array_equal(positions[rows, cols], np.arange(len(want)))
+        assert np.all(ids[slots == 2 * size] == PAD_ID)
+        # Rows: the most any process's first-fit-decreasing packing needs, rounded up to 2.
+        local = size // process_count
+        needed = max(
+            len(
+                pipeline.padding.pack_bins(
+                    [len(v) for s, v in expected.items() if (s % size) // local == k],
+                    capacity=capacity,
+                )
+            )
+            for k in range(process_count)
+        )
+        assert ids.shape[0] == process_count * max(2, -(-needed // 2) * 2)
+
+
+def test_packed_layout_checks(corpus):
+    with pytest.raises(ValueError, match="pack_length=32 must be 0"):
+        loader(corpus[0], pack_length=32)

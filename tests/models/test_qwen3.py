@@ -108,6 +108,28 @@ def test_left_padding_equals_right_padding(tiny_dir):
     np.testing.assert_allclose(np.asarray(out_left), np.asarray(out_right), atol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_packed_rows_match_transformers(tiny_dir, pooling):
+    """Sequences packed end to end (causal within each, RoPE positions restarting) give each
+    sequence's transformers embedding; an id no token carries gives a zero vector."""
+    from caliber_jax.data import padding
+
+    path, model = tiny_dir
+    seqs = random_ids(seed=11)
+    emb = Embedder.from_pretrained(path, pooling=pooling)
+    slots = [0, 2, 3, 4, 5, 6]  # slot 1 left empty
+    ids, slot_ids, positions = padding.pack_rows(
+        seqs, slots, rows=3, length=72, pad_id=0, pad_slot=99
+    )
+    assert len(np.unique(slot_ids[0])) >= 3  # rows do hold several sequences
+    out = nnx.merge(emb.graphdef, emb.params).embed_packed(
+        jnp.asarray(ids), jnp.asarray(slot_ids), jnp.asarray(positions), num_segments=7
+    )
+    out = np.asarray(out)
+    np.testing.assert_allclose(out[slots], torch_embed(model, seqs, pooling), atol=1e-5, rtol=0)
+    assert np.all(out[1] == 0)
+
+
 def test_num_layers_truncation_matches_shallower_transformers_model(tiny_dir):
     path, _ = tiny_dir
     shallow = transformers.Qwen3Model.from_pretrained(
