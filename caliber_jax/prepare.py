@@ -13,13 +13,12 @@ unless `prepare.include_eval_docs`.
 import os
 import random
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from caliber_jax import cli
+from caliber_jax import cli, paths
 from caliber_jax.data import corpus, numgap, perturb
 from caliber_jax.eval import numfine
 
@@ -89,7 +88,7 @@ def prepare(
             chosen[category] += 1
         passage["category"] = category
         passage["perturbed"] = fired[category] if category is not None else None
-    output_dir = Path(output_dir)
+    output_dir = paths.as_path(output_dir)  # local, file:// or gs://: writes go through epath
     corpus.save_jsonl(output_dir / "passages.jsonl", passages)
     heldout = heldout_documents(
         sorted({p["doc_name"] for p in passages}), fraction=heldout_fraction, seed=seed
@@ -232,7 +231,7 @@ def main(argv: list[str]) -> None:
     print(
         f"prepare: {stats['documents']} documents -> {stats['passages']} passages "
         f"({stats['perturbable_share']:.1%} perturbable); train {stats['train_passages']}, "
-        f"val {stats['val_passages']}; wrote {Path(config.data.dir) / 'stats.json'}"
+        f"val {stats['val_passages']}; wrote {paths.as_path(config.data.dir) / 'stats.json'}"
     )
 
 

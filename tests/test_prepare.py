@@ -186,3 +186,29 @@ def test_prepare_stores_training_neighbours(tmp_path):
     # Without neighbour_k the training file has no such field (eq. 4 runs are unchanged).
     prepare_lib.prepare(source, tmp_path / "plain", seed=0, heldout_fraction=0.34)
     assert all("neighbour" not in p for p in corpus.load_jsonl(tmp_path / "plain" / "train.jsonl"))
+
+
+def test_prepare_reads_and_writes_file_urls_and_remote_paths(tmp_path, monkeypatch):
+    """Input and output dir as file:// URLs, and as gs:// paths (etils' mock backend keeps
+    them under the working directory): the same files, each written whole."""
+    from etils.epath import testing as epath_testing
+
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    options = dict(seed=0, build_numgap=True, quotas_test={"magnitude": 4}, quotas_dev={})
+    local = prepare_lib.prepare(source, tmp_path / "local", **options)
+    url = prepare_lib.prepare(f"file://{source}", f"file://{tmp_path / 'url'}", **options)
+    assert {**url, "input": ""} == {**local, "input": ""}
+    monkeypatch.chdir(tmp_path)
+    with epath_testing.mock_epath():
+        remote_source = "gs://bucket/c.jsonl"
+        corpus.save_jsonl(remote_source, corpus.load_jsonl(source))
+        remote = prepare_lib.prepare(remote_source, "gs://bucket/prep", **options)
+        assert len(corpus.load_jsonl("gs://bucket/prep/passages.jsonl")) == local["passages"]
+    assert {**remote, "input": ""} == {**local, "input": ""}
+    written = tmp_path / "gs:" / "bucket" / "prep"
+    names = sorted(path.name for path in written.iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "local").iterdir())
+    for name in names:  # no temporary files left behind, and the same bytes as the local run
+        assert (written / name).read_bytes() == (tmp_path / "local" / name).read_bytes() or (
+            name == "stats.json"
+        )

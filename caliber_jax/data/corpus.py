@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from caliber_jax import paths
+
 EVAL_DOC_FIELD = "financebench_eval_doc"
 
 # Whitespace after ".", "!" or "?" (and closing quotes) that precedes a capital or a digit.
@@ -48,14 +50,13 @@ def load_records(path: str | os.PathLike, *, text_field: str = "text") -> Iterat
       ValueError: "<path>:<line>: ..." for bad UTF-8, malformed JSON, a non-object line or a
         missing / non-string text field; also for an unknown suffix.
     """
-    path = Path(path)
+    path = paths.as_path(path)
     name = path.name
     if name.endswith(".txt"):
         data = path.read_bytes()
         yield {"text": _decode(data, path, line_offset=0), "doc_name": path.stem}
     elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rb") as stream:
+        with open_binary(path) as stream:
             for number, raw in enumerate(stream, start=1):
                 record = _parse_line(raw, path, number, text_field)
                 if record is not None:
@@ -280,26 +281,49 @@ def make_passages(
 
 
 def _save_atomic(path: str | os.PathLike, write_fn) -> None:
-    """Writes through a temporary file in the same folder, then renames it over `path`.
+    """Writes `path` whole or not at all: a local file through a temporary file in the same folder
+    renamed over it; a remote one (`gs://...`) as one object upload, which object stores publish
+    only once complete.
 
     A path ending in ".gz" is gzip-compressed. The temporary file is opened with `open`, not
     `tempfile.mkstemp`, so the result gets the usual umask permissions rather than 0600.
     """
-    path = Path(path)
+    path = paths.as_path(path)
+    if paths.is_remote(path):
+        buffer = io.BytesIO()
+        _write_text(buffer, path.name, write_fn)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(buffer.getvalue())
+        return
+    path = Path(os.fspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp_path, "xb") as raw:
-            if path.name.endswith(".gz"):
-                with gzip.open(raw, "wt", encoding="utf-8") as stream:
-                    write_fn(stream)
-            else:
-                with io.TextIOWrapper(raw, encoding="utf-8") as stream:
-                    write_fn(stream)
+            _write_text(raw, path.name, write_fn)
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def _write_text(raw, name: str, write_fn) -> None:
+    """`write_fn(text stream)` into the binary stream `raw`, gzipped when `name` ends in .gz."""
+    if name.endswith(".gz"):
+        with gzip.open(raw, "wt", encoding="utf-8") as stream:
+            write_fn(stream)
+    else:
+        stream = io.TextIOWrapper(raw, encoding="utf-8")
+        write_fn(stream)
+        stream.flush()
+        stream.detach()  # leave `raw` open for the caller (BytesIO is read after this)
+
+
+def open_binary(path: str | os.PathLike):
+    """`path` (local, `file://` or a remote URL) opened for reading bytes, gunzipped for ".gz"."""
+    path = paths.as_path(path)
+    raw = path.open("rb")
+    return gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
 
 
 def save_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> int:
@@ -328,9 +352,8 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
 
     Malformed JSON, a non-object line or non-UTF-8 bytes raise ValueError naming `path:line`.
     """
-    path = Path(path)
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as stream:
+    path = paths.as_path(path)
+    with open_binary(path) as stream:
         for number, raw in enumerate(stream, start=1):
             line = _decode(raw, path, line_offset=number - 1)
             if not line.strip():

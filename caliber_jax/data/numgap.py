@@ -7,11 +7,11 @@ topical neighbour from the same corpus whose numeric tokens barely overlap the a
 import os
 import random
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import bm25s
 
+from caliber_jax import paths
 from caliber_jax.data import corpus, perturb
 
 RECORD_FIELDS = ("category", "anchor", "perturbed", "distractor", "anchor_id", "distractor_id")
@@ -218,12 +218,12 @@ def build_numgap(
 
 def save_numgap(output_dir: str | os.PathLike, splits: Mapping[str, Sequence[Mapping]]) -> dict:
     """Atomically writes `numgap_<split>.jsonl` per split; returns {split: path}."""
-    paths = {}
+    written = {}
     for split, records in splits.items():
-        path = Path(output_dir) / f"numgap_{split}.jsonl"
+        path = paths.as_path(output_dir) / f"numgap_{split}.jsonl"
         corpus.save_jsonl(path, records)
-        paths[split] = str(path)
-    return paths
+        written[split] = str(path)
+    return written
 
 
 def load_numgap(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -7,21 +7,18 @@ order), then every process takes its slice of each global batch. Grain runs the 
 iterator whose state is the index of the next batch.
 """
 
-import gzip
-import io
 import json
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
 from caliber_jax import paths
-from caliber_jax.data import padding, teacher
+from caliber_jax.data import corpus, padding, teacher
 
 # tokenize_fn(texts, max_length) -> token ids per text, special tokens included, truncated.
 TokenizeFn = Callable[[list[str], int], list[list[int]]]
@@ -36,11 +33,10 @@ def load_neighbours(path: str | os.PathLike) -> np.ndarray | None:
       [N] int64 row index of each passage's neighbour in the same file, -1 where it is null, or
       None when no record has the field.
     """
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
+    path = paths.as_path(path)
     found: list[int] = []
     present = False
-    with opener(path, "rt", encoding="utf-8") as f:
+    with corpus.open_binary(path) as f:
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -68,9 +64,7 @@ def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     texts: list[str] = []
     perturbed: list[str] = []
     # Through epath, so a gs:// data dir streams like a local one.
-    with path.open("rb") as raw:
-        gz = path.suffix == ".gz"
-        f = gzip.open(raw, "rt", encoding="utf-8") if gz else io.TextIOWrapper(raw, "utf-8")
+    with corpus.open_binary(path) as f:
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
