@@ -23,28 +23,31 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = caliber.get_config()
     config.prepare.input = "data/sample/filings.jsonl.gz"
     config.prepare.heldout_fraction = 0.34  # one of the three filings
-    config.prepare.max_passages = 640
-    config.prepare.max_val_passages = 96
-    config.prepare.numgap_quotas_test = {"magnitude": 60, "polarity": 60, "unit": 40}
-    config.prepare.numgap_quotas_dev = {"magnitude": 10, "polarity": 10, "unit": 10}
-    config.prepare.numfine_items = 100
+    # Sized for minutes on 2 cores: ten steps of 32 passages, 60 NumGap records, 128 tokens.
+    config.prepare.max_passages = 320
+    config.prepare.max_val_passages = 64
+    config.prepare.numgap_quotas_test = {"magnitude": 20, "polarity": 20, "unit": 20}
+    config.prepare.numgap_quotas_dev = {"magnitude": 5, "polarity": 5, "unit": 5}
+    config.prepare.numfine_items = 0  # the demo scores FinanceBench and NumGap only
 
     config.teacher.model_dir = minilm_dir()
     config.teacher.dtype = "float32"
     config.teacher.param_dtype = "float32"  # CPU: float32 end to end
     config.teacher.data_parallel = False  # one CPU device
     config.teacher.batch_size = 32
-    config.teacher.max_length = 256
+    config.teacher.max_length = 128
     config.teacher.chunk_rows = 512
 
     config.data.dir = "runs/demo/data"
-    config.data.max_length = 256
+    config.data.max_length = 128
     config.data.pad_to_multiple = 16
     # CPU: x and pi(x) packed end to end in rows of 256 tokens (5% of the token slots are padding
     # on filing passages, against 57% when each batch is padded to its longest sequence), so the
     # batches need no length grouping: plain shuffled order. BENCHMARKS.md has the figures.
     config.data.pack_length = 256
-    config.data.pack_rows_multiple = 2  # ~6 row counts, so ~6 step programs per run
+    # Row counts rounded up to 8: two or three step programs to compile per run (a compile costs
+    # more than the few padded rows on ten steps); larger runs use 2 (configs/study.py).
+    config.data.pack_rows_multiple = 8
     config.data.length_group_window = 1
     config.data.read_threads = 2
 

@@ -34,6 +34,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # One padded length (128): on a loaded 2-core CPU every new batch shape costs a 1-2 minute
     # compile of the full-depth step, more than the padding it saves.
     config.data.pad_to_multiple = 128
+    # The sweep's points were trained on right-padded, length-grouped batches; kept, so that every
+    # point sees the same data order (the packed layout would be ~1.2x faster per epoch).
+    config.data.pack_length = 0
+    config.data.length_group_window = 16
     config.data.validate = False  # selection is on NumGap dev (scripts/sweep.py), not val loss
     config.log_every = 25
     config.eval_every = 250

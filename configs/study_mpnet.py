@@ -43,6 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.data.dir = "runs/study_mpnet/data"
     config.data.max_length = 128
+    config.data.pack_rows_multiple = 2  # hundreds of steps: ~6 step programs, less padding
 
     config.model.num_layers = None  # the full pretrained student, as in the paper
     config.model.out_dim = 768  # LEAF's W_out: student 384 -> teacher 768
