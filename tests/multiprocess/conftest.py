@@ -33,6 +33,7 @@ TINY = [
     "--config.log_every=1",
     "--config.optim.lr=1e-3",
     "--config.data.pert_rows_multiple=0",
+    "--config.data.pack_length=0",  # padded rows unless a test packs
 ]
 EMBED = ["--config.teacher.max_length=48", "--config.teacher.chunk_rows=16"]
 

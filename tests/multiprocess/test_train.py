@@ -30,6 +30,8 @@ from tests.multiprocess.conftest import (
 
 pytestmark = pytest.mark.multiprocess
 COMPACT = "--config.data.pert_rows_multiple=2"  # P per process: a multiple of its 2 devices
+PACKED = "--config.data.pack_length=48"  # rows of max_length tokens, row count a multiple of 8
+LAYOUTS = {"stacked": [], "compact": [COMPACT], "packed": [PACKED]}
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +40,10 @@ def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     done = {}
     for processes, devices, layout in ((2, 2, "stacked"), (1, 4, "stacked"),
-                                       (2, 2, "compact"), (1, 4, "compact")):  # fmt: skip
+                                       (2, 2, "compact"), (1, 4, "compact"),
+                                       (2, 2, "packed"), (1, 4, "packed")):  # fmt: skip
         workdir = root / f"{processes}x{devices}_{layout}"
-        extra = [COMPACT] if layout == "compact" else []
+        extra = LAYOUTS[layout]
         data, work = data_dir, workdir
         if (processes, layout) == (2, "stacked"):
             data, work = f"file://{data_dir}", f"file://{workdir}"
@@ -51,7 +54,7 @@ def runs(data_dir, tmp_path_factory):
     return done
 
 
-@pytest.mark.parametrize("layout", ["stacked", "compact"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_two_processes_match_one(runs, layout):
     two, step_two = flat_params(runs[(2, layout)])
     one, step_one = flat_params(runs[(1, layout)])
