@@ -97,51 +97,11 @@ def caliber_loss(
       there are none), "hinge_active_frac" (fraction of perturbed rows with a positive hinge) and
       "pert_frac" (fraction of rows with a perturbation).
     """
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}; expected one of {_REDUCTIONS}")
-    if s_x.ndim != 2 or not s_x.shape == s_px.shape == t_x.shape == t_px.shape:
-        raise ValueError(
-            "expected four [B, D] arrays of one shape, got "
-            f"s_x {s_x.shape}, s_px {s_px.shape}, t_x {t_x.shape}, t_px {t_px.shape}"
-        )
-    if has_pert.shape != s_x.shape[:1]:
-        raise ValueError(f"has_pert shape {has_pert.shape} != batch {s_x.shape[:1]}")
-    if weights is None:
-        weights = jnp.ones(s_x.shape[:1], jnp.float32)
-    elif weights.shape != s_x.shape[:1]:
-        raise ValueError(f"weights shape {weights.shape} != batch {s_x.shape[:1]}")
-    weights = weights.astype(jnp.float32)
-    valid = weights > 0
-    pert = has_pert.astype(bool) & valid
-    pert_f = pert.astype(jnp.float32)
-
-    # Zero the unused rows before any arithmetic: masking only the outputs would still let NaN
-    # inputs turn the backward pass into 0 * NaN = NaN.
-    s_x = jnp.where(valid[:, None], s_x.astype(jnp.float32), 0.0)
-    t_x = jnp.where(valid[:, None], t_x.astype(jnp.float32), 0.0)
-    s_px = jnp.where(pert[:, None], s_px.astype(jnp.float32), 0.0)
-    t_px = jnp.where(pert[:, None], t_px.astype(jnp.float32), 0.0)
-
-    align_x = align_loss(s_x, t_x)
-    align_px = align_loss(s_px, t_px) * pert_f
-    delta_s = discrimination(s_x, s_px) * pert_f
-    delta_t = discrimination(t_x, t_px) * pert_f
-    num = numeric_hinge(delta_s, delta_t, margin) * pert_f
-
-    pert_weights = weights * pert_f
-    parts = {
-        "align_x": _weighted_mean(align_x, weights),
-        "align_px": _weighted_mean(align_px, pert_weights),
-        "num": _weighted_mean(num, pert_weights),
-        "delta_s": _weighted_mean(delta_s, pert_weights),
-        "delta_t": _weighted_mean(delta_t, pert_weights),
-        "hinge_active_frac": _weighted_mean((num > 0).astype(jnp.float32), pert_weights),
-        "pert_frac": _weighted_mean(pert_f, weights),
-    }
-    if reduction == "batch":
-        loss = _weighted_mean(align_x + align_px + lam * num, weights)
-    else:
-        loss = parts["align_x"] + parts["align_px"] + lam * parts["num"]
+    loss, parts = calibration_loss(
+        s_x, s_px, t_x, t_px, has_pert, objective="caliber", lam=lam, margin=margin,
+        perturb_weight=1.0, weights=weights, reduction=reduction,
+    )  # fmt: skip
+    del parts["sim_p"]  # not one of eq. 4's parts
     return loss, parts
 
 
@@ -231,7 +191,8 @@ def calibration_loss(
     term = pert & has_nb.astype(bool) if objective == "neighbour" else pert
     term_f = term.astype(jnp.float32)
 
-    # As in caliber_loss: zero unused rows before any arithmetic so NaN never reaches a gradient.
+    # Zero the unused rows before any arithmetic: masking only the outputs would still let NaN
+    # inputs turn the backward pass into 0 * NaN = NaN.
     s_x = jnp.where(valid[:, None], s_x.astype(jnp.float32), 0.0)
     t_x = jnp.where(valid[:, None], t_x.astype(jnp.float32), 0.0)
     s_px = jnp.where(pert[:, None], s_px.astype(jnp.float32), 0.0)

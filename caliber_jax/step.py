@@ -126,36 +126,20 @@ def loss_fn(
     )
 
 
-def train_step(
+def _apply_gradients(
     state: TrainState,
     batch: dict[str, jax.Array],
+    bound_loss_fn: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]],
     *,
-    graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
     schedule: Callable[[jax.Array], jax.Array],
-    lam: float,
-    margin: float,
-    reduction: str,
-    objective: str = "caliber",
-    perturb_weight: float = 1.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One AdamW step on eq. 4 (or `objective`, see `losses.calibration_loss`).
+    """One optimizer step on `bound_loss_fn(params, batch) -> (loss, parts)`.
 
-    Returns the new state and `train/*` metrics (scalars).
+    Returns the new state and `train/*` metrics (scalars): the parts, loss, grad and param norms
+    and the learning rate.
     """
-    grad_fn = jax.value_and_grad(
-        functools.partial(
-            loss_fn,
-            graphdef=graphdef,
-            lam=lam,
-            margin=margin,
-            reduction=reduction,
-            objective=objective,
-            perturb_weight=perturb_weight,
-        ),
-        has_aux=True,
-    )
-    (loss, parts), grads = grad_fn(state.params, batch)
+    (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {f"train/{k}": v for k, v in parts.items()}
@@ -167,35 +151,55 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(
-    params: Any,
+def _row_sums(
+    loss: jax.Array,
+    parts: dict[str, jax.Array],
+    batch: dict[str, jax.Array],
+    *,
+    row_parts: tuple[str, ...],
+    pert_parts: tuple[str, ...] = (),
+) -> dict[str, jax.Array]:
+    """Eval sums over the real rows of a batch: each mean times the row count it averages over.
+
+    The loss and `row_parts` cover every real row ("rows"); `pert_parts` cover only the perturbed
+    ones ("pert_rows", present when `pert_parts` is).
+    """
+    rows = jnp.sum(batch["weight"])
+    sums = {"loss": loss * rows, "rows": rows, **{k: parts[k] * rows for k in row_parts}}
+    if pert_parts:
+        pert_rows = jnp.sum(batch["weight"] * batch["has_pert"])
+        sums.update({k: parts[k] * pert_rows for k in pert_parts}, pert_rows=pert_rows)
+    return sums
+
+
+def train_step(
+    state: TrainState,
     batch: dict[str, jax.Array],
     *,
     graphdef: nnx.GraphDef,
-    lam: float,
-    margin: float,
-    reduction: str,
-    objective: str = "caliber",
-    perturb_weight: float = 1.0,
+    optimizer: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+    **loss_args: Any,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One AdamW step on eq. 4 (or `objective`, see `losses.calibration_loss`).
+
+    `loss_args` are those of `loss_fn` (lam, margin, reduction, objective, perturb_weight).
+    Returns the new state and `train/*` metrics (scalars).
+    """
+    bound = functools.partial(loss_fn, graphdef=graphdef, **loss_args)
+    return _apply_gradients(state, batch, bound, optimizer=optimizer, schedule=schedule)
+
+
+def eval_step(
+    params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, **loss_args: Any
 ) -> dict[str, jax.Array]:
-    """Validation loss components, weighted by the real rows of the batch (sum, count)."""
-    loss, parts = loss_fn(
-        params,
-        batch,
-        graphdef=graphdef,
-        lam=lam,
-        margin=margin,
-        reduction=reduction,
-        objective=objective,
-        perturb_weight=perturb_weight,
-    )
-    rows = jnp.sum(batch["weight"])
-    pert_rows = jnp.sum(batch["weight"] * batch["has_pert"])
-    sums = {"loss": loss * rows, "align_x": parts["align_x"] * rows, "rows": rows}
-    for k in ("align_px", "num", "delta_s", "delta_t"):
-        sums[k] = parts[k] * pert_rows
-    sums["pert_rows"] = pert_rows
-    return sums
+    """Validation loss components, weighted by the real rows of the batch (sum, count).
+
+    `loss_args` are those of `loss_fn`.
+    """
+    loss, parts = loss_fn(params, batch, graphdef=graphdef, **loss_args)
+    pert_parts = ("align_px", "num", "delta_s", "delta_t")
+    return _row_sums(loss, parts, batch, row_parts=("align_x",), pert_parts=pert_parts)
 
 
 def embed_triplets(
@@ -243,19 +247,8 @@ def triplet_train_step(
     distance: str,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One AdamW step on the triplet loss of paper 001 (mining). Returns state and metrics."""
-    grad_fn = jax.value_and_grad(
-        functools.partial(triplet_loss_fn, graphdef=graphdef, margin=margin, distance=distance),
-        has_aux=True,
-    )
-    (loss, parts), grads = grad_fn(state.params, batch)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {f"train/{k}": v for k, v in parts.items()}
-    metrics["train/loss"] = loss
-    metrics["train/grad_norm"] = optax.tree.norm(grads)
-    metrics["train/lr"] = schedule(state.step)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new_state, metrics
+    bound = functools.partial(triplet_loss_fn, graphdef=graphdef, margin=margin, distance=distance)
+    return _apply_gradients(state, batch, bound, optimizer=optimizer, schedule=schedule)
 
 
 def triplet_eval_step(
@@ -265,5 +258,4 @@ def triplet_eval_step(
     """Sums over the real rows of a batch: loss, accuracy (d_pos < d_neg) and the row count."""
     loss, parts = triplet_loss_fn(params, batch, graphdef=graphdef, margin=margin,
                                   distance=distance)  # fmt: skip
-    rows = jnp.sum(batch["weight"])
-    return {"loss": loss * rows, "accuracy": parts["accuracy"] * rows, "rows": rows}
+    return _row_sums(loss, parts, batch, row_parts=("accuracy",))

@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from caliber_jax import losses, optim, sharding, step
+from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding
 
 CONFIG = bert.BertConfig(
@@ -164,24 +165,45 @@ def test_compact_layout_matches_stacked():
         )
 
 
-def to_packed(batch, *, length, rows_multiple):
-    """The packed layout of a stacked test batch (as `pipeline.make_loader` builds it)."""
-    from caliber_jax.data import padding
+class ArraySource:
+    """A stacked test batch as a `pipeline.TrainSource`: each text is its space-separated ids."""
 
-    size = len(batch["has_pert"])
-    pairs = zip(batch["input_ids"], batch["attention_mask"], strict=True)
-    seqs = [row[m > 0] for row, m in pairs]
-    slots = list(range(size))
-    for g in np.flatnonzero(batch["has_pert"]):
-        seqs.append(batch["pert_input_ids"][g][batch["pert_attention_mask"][g] > 0])
-        slots.append(size + g)
-    bins = len(padding.pack_bins([len(q) for q in seqs], capacity=length))
-    rows = -(-bins // rows_multiple) * rows_multiple
-    ids, slot_ids, positions = padding.pack_rows(
-        seqs, slots, rows=rows, length=length, pad_id=0, pad_slot=2 * size
-    )
-    packed = {k: v for k, v in batch.items() if "input_ids" not in k and "mask" not in k}
-    return {**packed, "packed_ids": ids, "packed_slots": slot_ids, "packed_positions": positions}
+    neighbours = None
+
+    def __init__(self, batch):
+        def as_texts(prefix):
+            rows = zip(batch[f"{prefix}input_ids"], batch[f"{prefix}attention_mask"], strict=True)
+            return [" ".join(map(str, row[mask > 0])) for row, mask in rows]
+
+        self.texts = as_texts("")
+        pairs = zip(as_texts("pert_"), batch["has_pert"], strict=True)
+        self.perturbed = [text if has_pert else "" for text, has_pert in pairs]
+        self.teacher = batch["teacher_x"], batch["teacher_px"]
+
+    def __len__(self):
+        return len(self.texts)
+
+    def read_texts(self, indices):
+        return [self.texts[i] for i in indices], [self.perturbed[i] for i in indices]
+
+    def read_teacher(self, indices):
+        return tuple(vecs[indices].copy() for vecs in self.teacher)
+
+
+def split_ids(texts, max_length):
+    return [[int(token) for token in text.split()][:max_length] for text in texts]
+
+
+def to_packed(batch, *, length, rows_multiple):
+    """The packed layout of a stacked test batch, built by `pipeline.make_loader` itself."""
+    loader = pipeline.make_loader(
+        ArraySource(batch), batch_size=len(batch["has_pert"]), seed=0, num_epochs=1,
+        shuffle=False, process_index=0, process_count=1, tokenize_fn=split_ids,
+        max_length=length, pad_id=0, pad_to_multiple=1, length_group_window=1,
+        drop_remainder=True, worker_count=0, read_threads=0, pack_length=length,
+        pack_rows_multiple=rows_multiple,
+    )  # fmt: skip
+    return next(iter(loader))
 
 
 def test_packed_layout_matches_stacked():

@@ -107,9 +107,7 @@ class BertEmbeddings(nnx.Module):
         self.token_type_embeddings = _embed(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
 
-    def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
-        if positions_bt is None:
-            positions_bt = jnp.arange(input_ids_bt.shape[1])[None, :]
+    def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
         # Token type 0 everywhere: sentence embedders encode single segments.
         x_btd = (
             self.word_embeddings(input_ids_bt)
@@ -189,12 +187,19 @@ class BertEncoder(nnx.Module):
                 f"sequence length {input_ids_bt.shape[1]} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}"
             )
-        mask = attention_mask_bt if segment_ids_bt is None else layers.segment_mask(segment_ids_bt)
+        mask, positions_bt = layers.packed_or_padded(
+            attention_mask_bt, segment_ids_bt, positions_bt, default_positions_fn=_arange_positions
+        )
         apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt), positions_bt)
         for layer in self.layer:
             x_btd = apply(layer, x_btd, mask)
         return x_btd
+
+
+def _arange_positions(attention_mask_bt: jax.Array) -> jax.Array:
+    """HF BERT's default position ids: 0..T-1 in every row, [1, T]."""
+    return jnp.arange(attention_mask_bt.shape[1])[None, :]
 
 
 def _apply_layer(layer: BertLayer, *args: jax.Array) -> jax.Array:

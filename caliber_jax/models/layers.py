@@ -4,6 +4,8 @@ Legend: B batch, T query tokens, S key tokens, D model width, N query heads, K k
 Norms, softmax and pooling run in float32 whatever the compute dtype.
 """
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,6 +82,25 @@ def segment_mask(segment_ids_bt: jax.Array) -> jax.Array:
     share a segment id of their own and attend only to each other; pooling drops them).
     """
     return segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+
+
+def packed_or_padded(
+    attention_mask_bt: jax.Array,
+    segment_ids_bt: jax.Array | None,
+    positions_bt: jax.Array | None,
+    *,
+    default_positions_fn: Callable[[jax.Array], jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    """The attention mask and position ids of an encoder's input rows.
+
+    Packed rows (`segment_ids_bt` given) attend within their segment (`segment_mask`, [B, T, T]);
+    padded rows use the [B, T] key mask. Positions not given come from
+    `default_positions_fn(attention_mask_bt)` (each encoder's own convention).
+    """
+    mask = attention_mask_bt if segment_ids_bt is None else segment_mask(segment_ids_bt)
+    if positions_bt is None:
+        positions_bt = default_positions_fn(attention_mask_bt)
+    return mask, positions_bt
 
 
 def rope_cos_sin(positions_bt: jax.Array, *, head_dim: int, theta: float) -> tuple[jax.Array, ...]:

@@ -209,9 +209,12 @@ class Qwen3Encoder(nnx.Module):
     ) -> jax.Array:
         """`segment_ids_bt`/`positions_bt`: packed rows (causal attention within a segment,
         positions restarting in each); without them every row is one padded sequence."""
-        if positions_bt is None:
-            positions_bt = layers.positions_from_mask(attention_mask_bt)
-        mask = attention_mask_bt if segment_ids_bt is None else layers.segment_mask(segment_ids_bt)
+        mask, positions_bt = layers.packed_or_padded(
+            attention_mask_bt,
+            segment_ids_bt,
+            positions_bt,
+            default_positions_fn=layers.positions_from_mask,
+        )
         cos_bth, sin_bth = layers.rope_cos_sin(
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
         )
