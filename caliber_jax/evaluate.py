@@ -305,8 +305,15 @@ def _numfine_row(result: Mapping[str, Any]) -> list[float | None]:
 
 def _define_flags() -> None:
     """Defined only when run as a script, so that tests can import `evaluate` freely."""
-    flags.DEFINE_string("model", None, f"Model directory, or {BM25!r}.", required=True)
-    flags.DEFINE_string("output", None, "Results JSON path (results.md is written beside).",
+    flags.DEFINE_multi_string(
+        "model",
+        None,
+        f"Model directory, or {BM25!r}; repeat it to evaluate several models in "
+        "one process (data loaded once; --output is then a directory).",
+        required=True,
+    )
+    flags.DEFINE_string("output", None, "Results JSON path (results.md is written beside); with "
+                        "several --model, a directory that gets <label>.json/.md per model.",
                         required=True)  # fmt: skip
     flags.DEFINE_list(
         "tasks",
@@ -329,11 +336,20 @@ def _define_flags() -> None:
     flags.DEFINE_enum("teacher_backend", "flax", ["flax", "torch"], "How the teacher is run.")
     flags.DEFINE_string("device", "auto", "torch backend: auto, cpu, cuda, cuda:1, ...")
     flags.DEFINE_list("mrl_dims", [str(d) for d in mrl.DIMS], "MRL truncation dims.")
-    flags.DEFINE_integer("num_layers", None, "Evaluate only the model's first N encoder layers.")
+    flags.DEFINE_list(
+        "num_layers",
+        None,
+        "Evaluate only the model's first N encoder layers: one "
+        "value for every --model, or one per --model (0 = all layers).",
+    )
     flags.DEFINE_integer("batch_size", 32, "Texts per encoder call.")
     flags.DEFINE_integer("max_length", None, "Token limit (default: the model's, at most 512).")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-    flags.DEFINE_string("label", None, "Row name in tables and plots (default: model dir name).")
+    flags.DEFINE_multi_string(
+        "label",
+        None,
+        "Row name in tables and plots, one per --model (default: the model directory's name).",
+    )
     flags.DEFINE_string("filings", None, "Filings JSONL(.gz) with the FinanceBench evidence "
                         "filings (task within_doc).")  # fmt: skip
     flags.DEFINE_integer("within_doc_max_docs", 0, "within_doc: evidence filings used (0: all).")
@@ -392,32 +408,66 @@ def _with_within_doc(inputs: EvalInputs, values, encode: dict) -> EvalInputs:
     return dataclasses.replace(inputs, within_doc_items=items, within_doc_baseline=baseline)
 
 
+def slug(label: str) -> str:
+    """File name of a label's results: spaces to underscores, no '='."""
+    return label.replace(" ", "_").replace("=", "")
+
+
+def per_model(values: Sequence[str] | None, models: Sequence[str], flag: str) -> list:
+    """One value per model from a flag given once (all models), once per model, or not at all."""
+    values = list(values or [])
+    if not values:
+        return [None] * len(models)
+    if len(values) == 1:
+        return values * len(models)
+    if len(values) != len(models):
+        raise ValueError(f"--{flag}: {len(values)} values for {len(models)} --model")
+    return values
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
-    is_bm25 = values.model == BM25
+    models = list(values.model)
+    labels = list(values.label or [None] * len(models))
+    if len(labels) != len(models):
+        raise ValueError(f"--label: {len(labels)} labels for {len(models)} --model")
+    depths = [None if n is None else int(n) or None
+              for n in per_model(values.num_layers, models, "num_layers")]  # fmt: skip
+    labels = [label or (BM25 if model == BM25 else Path(model).name)
+              for model, label in zip(models, labels, strict=True)]  # fmt: skip
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--label: labels must differ, got {labels}")
+    several = len(models) > 1
+    encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
+    inputs = None
+    for model, label, num_layers in zip(models, labels, depths, strict=True):
+        output = Path(values.output) / f"{slug(label)}.json" if several else values.output
+        inputs = _evaluate_one(values, model, label, num_layers, output, encode, inputs)
+
+
+def _evaluate_one(values, model: str, label: str, num_layers, output, encode, inputs):
+    """Evaluates one model and writes its results; returns the inputs for the next model."""
+    is_bm25 = model == BM25
     settings = {
         "query_prompt": values.query_prompt,
         "dtype": values.dtype,
         "max_length": values.max_length,
         "pooling": values.pooling,
-        "num_layers": values.num_layers,
+        "num_layers": num_layers,
         "teacher": values.teacher,
         "financebench": values.financebench,
         "numgap": values.numgap,
         "backend": values.backend,
     }
-    encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
     torch_model = values.backend == "torch" and not is_bm25
-    if torch_model and (values.num_layers is not None or values.nash):
+    if torch_model and (num_layers is not None or values.nash):
         raise ValueError("--num_layers and --nash need --backend=flax")
     embedder = (
         None
         if is_bm25 or torch_model
-        else _load(
-            values.model, pooling=values.pooling, dtype=values.dtype, num_layers=values.num_layers
-        )
+        else _load(model, pooling=values.pooling, dtype=values.dtype, num_layers=num_layers)
     )
     encode_fn = (
         None
@@ -425,38 +475,46 @@ def main(argv: Sequence[str]) -> None:
         else embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
     )
     if torch_model:
-        encode_fn = _encode_fn(values.model, pooling=values.pooling, backend="torch",
+        encode_fn = _encode_fn(model, pooling=values.pooling, backend="torch",
                                device=values.device, **encode)  # fmt: skip
-    units = numfine.load_numfine(values.numfine) if values.numfine else None
-    inputs = EvalInputs(
-        financebench=retrieval.load_financebench(values.financebench)
-        if values.financebench
-        else None,
-        numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
-        query_prompt=values.query_prompt,
-        teacher_encode_fn=_encode_fn(
-            values.teacher,
-            pooling=values.teacher_pooling,
-            backend=values.teacher_backend,
-            device=values.device,
-            **encode,
-        )
-        if values.teacher
-        else None,
-        mrl_dims=tuple(int(d) for d in values.mrl_dims),
-        numfine=units,
-        embednum_per_format=values.embednum_per_format,
-        nash_fn=_nash_fn(embedder, units) if values.nash and embedder is not None else None,
-    )
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
-    if "within_doc" in tasks:
-        inputs = _with_within_doc(inputs, values, encode)
-    results = run_evaluation(encode_fn, tasks, inputs)
-    label = values.label or (BM25 if is_bm25 else Path(values.model).name)
-    results.update(model=values.model, label=label, settings=settings)
-    json_path, markdown_path = save_results(results, values.output)
+    if inputs is None:  # data (and the teacher of the asymmetric task) once for every model
+        units = numfine.load_numfine(values.numfine) if values.numfine else None
+        inputs = EvalInputs(
+            financebench=retrieval.load_financebench(values.financebench)
+            if values.financebench
+            else None,
+            numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
+            query_prompt=values.query_prompt,
+            teacher_encode_fn=cache_encodings(
+                _encode_fn(
+                    values.teacher,
+                    pooling=values.teacher_pooling,
+                    backend=values.teacher_backend,
+                    device=values.device,
+                    **encode,
+                )
+            )
+            if values.teacher
+            else None,
+            mrl_dims=tuple(int(d) for d in values.mrl_dims),
+            numfine=units,
+            embednum_per_format=values.embednum_per_format,
+        )
+        if "within_doc" in tasks:
+            inputs = _with_within_doc(inputs, values, encode)
+    model_inputs = dataclasses.replace(
+        inputs,
+        nash_fn=_nash_fn(embedder, inputs.numfine)
+        if values.nash and embedder is not None
+        else None,
+    )
+    results = run_evaluation(encode_fn, tasks, model_inputs)
+    results.update(model=model, label=label, settings=settings)
+    json_path, markdown_path = save_results(results, output)
     print(Path(markdown_path).read_text())
     print(f"evaluate: wrote {json_path} and {markdown_path}")
+    return inputs
 
 
 if __name__ == "__main__":

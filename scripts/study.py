@@ -114,9 +114,10 @@ def main() -> None:
     config = json.loads((data / "stats.json").read_text())
     teacher_dir = _config_value(common, "teacher.model_dir")
 
-    models: dict[str, list[str]] = {"Teacher": ["--model", teacher_dir]}
+    # label -> (model directory, encoder layers evaluated; 0 = all)
+    models: dict[str, tuple[str, int]] = {"Teacher": (teacher_dir, 0)}
     if "variants" not in preset:
-        models = {"Initial": ["--model", teacher_dir, "--num_layers", "3"], **models}
+        models = {"Initial": (teacher_dir, 3), **models}
     runs = [
         (label, [f"--config.loss.lam={lam}", f"--config.loss.margin={margin}",
                  f"--config.seed={seed}"])
@@ -126,24 +127,29 @@ def main() -> None:
         runs = [(f"{label} s{seed}", [*overrides, f"--config.seed={seed}"])
                 for seed in seeds for label, overrides in preset["variants"]]  # fmt: skip
     for label, overrides in runs:
-        workdir = out / label.replace(" ", "_").replace("=", "")
+        workdir = out / evaluate.slug(label)
         run(f"train {label}", ["-m", "caliber_jax.train", *common, *overrides,
                                f"--workdir={workdir}"], times)  # fmt: skip
         run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
                                 f"--output={workdir / 'hf'}"], times)  # fmt: skip
-        models[label] = ["--model", str(workdir / "hf")]
+        models[label] = (str(workdir / "hf"), 0)
 
+    # Every model in one evaluate process: the data is loaded and tokenized once, and the
+    # process starts once (each start costs seconds of imports and tracing on a small CPU).
+    model_args = [arg for label, (model, _) in models.items()
+                  for arg in (f"--model={model}", f"--label={label}")]  # fmt: skip
+    depths = ",".join(str(layers) for _, layers in models.values())
+    run("evaluate", ["-m", "caliber_jax.evaluate", *model_args, f"--num_layers={depths}",
+                     f"--tasks={TASKS}",
+                     f"--financebench={args.financebench}",
+                     f"--numgap={data / 'numgap_test.jsonl'}", f"--output={out / 'results'}",
+                     *preset.get("eval_args", [])],
+        times)  # fmt: skip
     results = {}
-    for label, model_args in models.items():
-        path = out / "results" / f"{label.replace(' ', '_').replace('=', '')}.json"
-        run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", *model_args, f"--label={label}",
-                                  f"--tasks={TASKS}", f"--financebench={args.financebench}",
-                                  f"--numgap={data / 'numgap_test.jsonl'}",
-                                  f"--output={path}", *preset.get("eval_args", [])],
-            times)  # fmt: skip
-        results[label] = json.loads(path.read_text())
+    for label in models:
+        results[label] = json.loads((out / "results" / f"{evaluate.slug(label)}.json").read_text())
         for name in ("summary.json",):
-            summary = out / label.replace(" ", "_").replace("=", "") / name
+            summary = out / evaluate.slug(label) / name
             if summary.is_file():
                 results[label]["train_summary"] = json.loads(summary.read_text())
 

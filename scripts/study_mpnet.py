@@ -41,8 +41,7 @@ TASKS_STUDENT = ("financebench,mrl", "numgap", "asymmetric")
 RunFn = Callable[[str, list[str], dict[str, float]], None]
 
 
-def slug(label: str) -> str:
-    return label.replace(" ", "_").replace("=", "")
+slug = evaluate.slug
 
 
 def students(seeds: list[int]) -> list[tuple[str, str, float, int]]:

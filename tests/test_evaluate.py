@@ -148,6 +148,52 @@ def test_cli_bm25_writes_json_and_markdown(tmp_path):
     assert "| bm25 |" in output.with_suffix(".md").read_text()
 
 
+def test_cli_several_models_in_one_process(minilm_dir, filing_passages, tmp_path):
+    """Two --model (MiniLM cut to 1 layer, and whole) in one call: one results file per label,
+    each equal to that model evaluated on its own."""
+    from caliber_jax.embedder import Embedder
+
+    numgap_path = _numgap_file(tmp_path, filing_passages)
+    output = tmp_path / "results"
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.evaluate", f"--model={minilm_dir}",
+         f"--model={minilm_dir}", "--label=one layer", "--label=Teacher", "--num_layers=1,0",
+         "--tasks=numgap", f"--numgap={numgap_path}", "--max_length=128", f"--output={output}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(p.name for p in output.iterdir()) == [
+        "Teacher.json", "Teacher.md", "one_layer.json", "one_layer.md"
+    ]  # fmt: skip
+    records = numgap.load_numgap(numgap_path)
+    for name, layers in (("one_layer", 1), ("Teacher", None)):
+        saved = json.loads((output / f"{name}.json").read_text())
+        assert saved["settings"]["num_layers"] == layers
+        embedder = Embedder.from_pretrained(minilm_dir, num_layers=layers)
+        alone = evaluate.run_evaluation(
+            embedder.encode_fn(batch_size=32, max_length=128),
+            ["numgap"],
+            evaluate.EvalInputs(numgap=records),
+        )
+        for category, values in alone["numgap"].items():
+            assert saved["numgap"][category] == pytest.approx(values, abs=1e-6), category
+    one = json.loads((output / "one_layer.json").read_text())["numgap"]["overall"]["M"]
+    full = json.loads((output / "Teacher.json").read_text())["numgap"]["overall"]["M"]
+    assert one != full  # the depths reached the right models
+
+
+def test_cli_labels_must_match_models(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.evaluate", "--model=bm25", "--model=bm25",
+         "--label=a", f"--output={tmp_path}", "--tasks=financebench",
+         f"--financebench={FINANCEBENCH_SAMPLE}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "--label: 1 labels for 2 --model" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_numfine_and_embednum_tasks_with_and_without_nash():
     from caliber_jax.eval import numfine as numfine_lib
 
