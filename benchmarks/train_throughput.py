@@ -152,7 +152,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.bucket_growth is None:
         args.bucket_growth = data.bucket_growth
     if args.pack_length is None:
-        args.pack_length = data.get("pack_length", 0)
+        # The config's rows, but never shorter than the preset's longest sequence (the CPU
+        # configs pack rows of their own max_length, 128; the cpu-minilm preset caps at 256).
+        pack = data.get("pack_length", 0)
+        args.pack_length = max(pack, args.max_length) if pack else 0
     if args.length_group_window is None:
         args.length_group_window = data.length_group_window
     return args

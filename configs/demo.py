@@ -41,13 +41,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.dir = "runs/demo/data"
     config.data.max_length = 128
     config.data.pad_to_multiple = 16
-    # CPU: x and pi(x) packed end to end in rows of 256 tokens (5% of the token slots are padding
-    # on filing passages, against 57% when each batch is padded to its longest sequence), so the
-    # batches need no length grouping: plain shuffled order. BENCHMARKS.md has the figures.
-    config.data.pack_length = 256
-    # Row counts rounded up to 4: two step programs to compile per run, and a step costs what its
-    # rows cost (measured here: 16 rows 3.5 s, 20 rows 4.3 s, 24 rows 5.3 s), so rounding to 8
-    # cost ~15% of the demo's training time; larger runs use 2 (configs/study.py).
+    # CPU: x and pi(x) packed end to end in rows of max_length tokens (11% of the token slots are
+    # padding on filing passages cut at 128 tokens, against 34% when each batch is padded to its
+    # longest sequence), so the batches need no length grouping: plain shuffled order. Rows as
+    # long as the longest sequence, not longer: attention costs T^2 per row, and rows of 128 ran
+    # 1.16x faster than rows of 256 here (BENCHMARKS.md).
+    config.data.pack_length = 128
+    # Row counts rounded up to 4: few step programs to compile per run, and a step costs what its
+    # rows cost, so rounding to 8 cost ~15% of the demo's training time; larger runs use 2
+    # (configs/study.py).
     config.data.pack_rows_multiple = 4
     config.data.length_group_window = 1
     config.data.read_threads = 2
