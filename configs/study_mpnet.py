@@ -17,17 +17,14 @@ Measured (docs/results.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM
 
 import ml_collections
 
-from configs import demo
+from configs import study
 
 MPNET_DIR = "runs/models/all-mpnet-base-v2"  # written by scripts/fetch_mpnet.py
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    config = demo.get_config()
-    config.prepare.input = "../shared/data/financebench/filings.jsonl.gz"
-    config.prepare.heldout_fraction = 0.1
+    config = study.get_config()  # the CPU study's filings, held-out share and 128-token data
     config.prepare.max_passages = 4000
-    config.prepare.max_val_passages = 256
     config.prepare.numfine_items = 0
     config.prepare.numgap_quotas_test = {"magnitude": 200, "polarity": 200, "unit": 100}
     config.prepare.numgap_quotas_dev = {"magnitude": 50, "polarity": 50, "unit": 25}
@@ -38,12 +35,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.pooling = "mean"
     config.teacher.dtype = "float32"
     config.teacher.batch_size = 32
-    config.teacher.max_length = 128
     config.teacher.chunk_rows = 256  # small chunks: a killed encode loses at most 256 rows
 
     config.data.dir = "runs/study_mpnet/data"
-    config.data.max_length = 128
-    config.data.pack_rows_multiple = 2  # hundreds of steps: ~6 step programs, less padding
 
     config.model.num_layers = None  # the full pretrained student, as in the paper
     config.model.out_dim = 768  # LEAF's W_out: student 384 -> teacher 768
@@ -53,7 +47,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.lr = 1e-4  # the paper's (the student is pretrained, not a cut)
     config.loss.lam = 0.5
     config.loss.margin = 0.05
-    config.log_every = 10
     config.eval_every = 100
     config.checkpoint_every = 25
     config.keep_checkpoints = 2
