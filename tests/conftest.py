@@ -66,3 +66,19 @@ def qwen_tokenizer_dir(tmp_path_factory) -> Path:
     from caliber_jax import tokenization
 
     return tokenization.write_qwen3_tokenizer(tmp_path_factory.mktemp("qwen_tok"))
+
+
+def prepare_sample(out: Path) -> Path:
+    """64 training and 16 validation passages of the bundled filings, prepared into `out` (no
+    teacher vectors): the small real data of the training tests, single- and multi-process."""
+    from caliber_jax import prepare
+
+    prepare.prepare(
+        SAMPLE_FILINGS,
+        out,
+        seed=0,
+        heldout_fraction=0.34,
+        max_train_passages=64,
+        max_val_passages=16,
+    )
+    return out

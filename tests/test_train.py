@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_jax import checkpoint, prepare
+from caliber_jax import checkpoint
 from caliber_jax.data import pipeline
+from tests.conftest import prepare_sample
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -30,15 +31,7 @@ TINY = [
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, minilm_dir):
     """Prepared demo-sample passages and real all-MiniLM-L6-v2 teacher vectors (small)."""
-    out = tmp_path_factory.mktemp("data")
-    prepare.prepare(
-        REPO / "data" / "sample" / "filings.jsonl.gz",
-        out,
-        seed=0,
-        heldout_fraction=0.34,
-        max_train_passages=64,
-        max_val_passages=16,
-    )
+    out = prepare_sample(tmp_path_factory.mktemp("data"))
     result = run_module("caliber_jax.embed_teacher", f"--config.data.dir={out}",
                         "--config.teacher.max_length=48")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

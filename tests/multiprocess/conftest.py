@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_jax import checkpoint, prepare
+from caliber_jax import checkpoint
+from tests.conftest import prepare_sample
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "local_multiprocess.sh"
@@ -123,16 +124,7 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 @pytest.fixture(scope="session")
 def prepared_dir(tmp_path_factory) -> Path:
     """64 training and 16 validation passages of the bundled filings (no teacher vectors)."""
-    out = tmp_path_factory.mktemp("prepared")
-    prepare.prepare(
-        REPO / "data" / "sample" / "filings.jsonl.gz",
-        out,
-        seed=0,
-        heldout_fraction=0.34,
-        max_train_passages=64,
-        max_val_passages=16,
-    )
-    return out
+    return prepare_sample(tmp_path_factory.mktemp("prepared"))
 
 
 @pytest.fixture(scope="session")
