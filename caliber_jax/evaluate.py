@@ -413,16 +413,39 @@ def slug(label: str) -> str:
     return label.replace(" ", "_").replace("=", "")
 
 
-def per_model(values: Sequence[str] | None, models: Sequence[str], flag: str) -> list:
-    """One value per model from a flag given once (all models), once per model, or not at all."""
-    values = list(values or [])
-    if not values:
-        return [None] * len(models)
+def _depths(num_layers: Sequence[str] | None, count: int) -> list[int | None]:
+    """--num_layers per model: absent (all layers), one value for all, or one per model; 0 = all."""
+    values = list(num_layers or ["0"])
     if len(values) == 1:
-        return values * len(models)
-    if len(values) != len(models):
-        raise ValueError(f"--{flag}: {len(values)} values for {len(models)} --model")
-    return values
+        values *= count
+    if len(values) != count:
+        raise ValueError(f"--num_layers: {len(values)} values for {count} --model")
+    return [int(n) or None for n in values]
+
+
+def _inputs(values, encode: dict) -> EvalInputs:
+    """The data every model is scored on (and the asymmetric task's teacher), loaded once."""
+    units = numfine.load_numfine(values.numfine) if values.numfine else None
+    teacher_fn = None
+    if values.teacher:
+        teacher_fn = cache_encodings(
+            _encode_fn(values.teacher, pooling=values.teacher_pooling,
+                       backend=values.teacher_backend, device=values.device, **encode)
+        )  # fmt: skip
+    inputs = EvalInputs(
+        financebench=retrieval.load_financebench(values.financebench)
+        if values.financebench
+        else None,
+        numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
+        query_prompt=values.query_prompt,
+        teacher_encode_fn=teacher_fn,
+        mrl_dims=tuple(int(d) for d in values.mrl_dims),
+        numfine=units,
+        embednum_per_format=values.embednum_per_format,
+    )
+    if "within_doc" in (values.tasks or ()):
+        inputs = _with_within_doc(inputs, values, encode)
+    return inputs
 
 
 def main(argv: Sequence[str]) -> None:
@@ -433,22 +456,20 @@ def main(argv: Sequence[str]) -> None:
     labels = list(values.label or [None] * len(models))
     if len(labels) != len(models):
         raise ValueError(f"--label: {len(labels)} labels for {len(models)} --model")
-    depths = [None if n is None else int(n) or None
-              for n in per_model(values.num_layers, models, "num_layers")]  # fmt: skip
     labels = [label or (BM25 if model == BM25 else Path(model).name)
               for model, label in zip(models, labels, strict=True)]  # fmt: skip
     if len(set(labels)) != len(labels):
         raise ValueError(f"--label: labels must differ, got {labels}")
-    several = len(models) > 1
+    depths = _depths(values.num_layers, len(models))
     encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
-    inputs = None
+    inputs = _inputs(values, encode)
     for model, label, num_layers in zip(models, labels, depths, strict=True):
-        output = Path(values.output) / f"{slug(label)}.json" if several else values.output
-        inputs = _evaluate_one(values, model, label, num_layers, output, encode, inputs)
+        output = Path(values.output) / f"{slug(label)}.json" if len(models) > 1 else values.output
+        _evaluate_one(values, model, label, num_layers, output, encode, inputs)
 
 
-def _evaluate_one(values, model: str, label: str, num_layers, output, encode, inputs):
-    """Evaluates one model and writes its results; returns the inputs for the next model."""
+def _evaluate_one(values, model: str, label: str, num_layers, output, encode, inputs) -> None:
+    """Evaluates one model on `inputs` and writes its results."""
     is_bm25 = model == BM25
     settings = {
         "query_prompt": values.query_prompt,
@@ -464,57 +485,21 @@ def _evaluate_one(values, model: str, label: str, num_layers, output, encode, in
     torch_model = values.backend == "torch" and not is_bm25
     if torch_model and (num_layers is not None or values.nash):
         raise ValueError("--num_layers and --nash need --backend=flax")
-    embedder = (
-        None
-        if is_bm25 or torch_model
-        else _load(model, pooling=values.pooling, dtype=values.dtype, num_layers=num_layers)
-    )
-    encode_fn = (
-        None
-        if embedder is None
-        else embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
-    )
+    encode_fn, embedder = None, None
     if torch_model:
         encode_fn = _encode_fn(model, pooling=values.pooling, backend="torch",
                                device=values.device, **encode)  # fmt: skip
+    elif not is_bm25:
+        embedder = _load(model, pooling=values.pooling, dtype=values.dtype, num_layers=num_layers)
+        encode_fn = embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
+    if values.nash and embedder is not None:
+        inputs = dataclasses.replace(inputs, nash_fn=_nash_fn(embedder, inputs.numfine))
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
-    if inputs is None:  # data (and the teacher of the asymmetric task) once for every model
-        units = numfine.load_numfine(values.numfine) if values.numfine else None
-        inputs = EvalInputs(
-            financebench=retrieval.load_financebench(values.financebench)
-            if values.financebench
-            else None,
-            numgap=numgap.load_numgap(values.numgap) if values.numgap else None,
-            query_prompt=values.query_prompt,
-            teacher_encode_fn=cache_encodings(
-                _encode_fn(
-                    values.teacher,
-                    pooling=values.teacher_pooling,
-                    backend=values.teacher_backend,
-                    device=values.device,
-                    **encode,
-                )
-            )
-            if values.teacher
-            else None,
-            mrl_dims=tuple(int(d) for d in values.mrl_dims),
-            numfine=units,
-            embednum_per_format=values.embednum_per_format,
-        )
-        if "within_doc" in tasks:
-            inputs = _with_within_doc(inputs, values, encode)
-    model_inputs = dataclasses.replace(
-        inputs,
-        nash_fn=_nash_fn(embedder, inputs.numfine)
-        if values.nash and embedder is not None
-        else None,
-    )
-    results = run_evaluation(encode_fn, tasks, model_inputs)
+    results = run_evaluation(encode_fn, tasks, inputs)
     results.update(model=model, label=label, settings=settings)
     json_path, markdown_path = save_results(results, output)
     print(Path(markdown_path).read_text())
     print(f"evaluate: wrote {json_path} and {markdown_path}")
-    return inputs
 
 
 if __name__ == "__main__":
