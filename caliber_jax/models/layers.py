@@ -185,7 +185,7 @@ def _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool
     bias_bts = jnp.where(mask_bts, 0.0, _NEG_INF).astype(jnp.float32)
     k_bksh = k_bskh.transpose(0, 2, 1, 3)
     v_bksh = v_bskh.transpose(0, 2, 1, 3)
-    if g == 1:
+    if g == 1:  # plain multi-head: 4-D batched matmuls (the 5-D path with G = 1 ran 1.5x slower)
         q_bnth = q_btnh.transpose(0, 2, 1, 3)
         logits = jnp.einsum("bnth,bnsh->bnts", q_bnth, k_bksh, preferred_element_type=jnp.float32)
         logits = logits * (1.0 / np.sqrt(h)) + bias_bts[:, None]
