@@ -75,6 +75,16 @@ def cast_params(flat: dict[str, np.ndarray], param_dtype: str) -> dict[str, np.n
     return {k: v.astype(target) if v.ndim >= 2 else v for k, v in flat.items()}
 
 
+def _forward(graphdef: nnx.GraphDef, params: nnx.State, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    return nnx.merge(graphdef, params)(ids, mask)
+
+
+# One jit for every single-device Embedder: models of the same architecture (a student and its
+# checkpoints, a teacher cut to N layers) have equal graph definitions, so a process that encodes
+# with several of them traces and compiles each batch shape once, not once per model.
+_forward_jit = jax.jit(_forward, static_argnums=0)
+
+
 class Embedder:
     """A loaded embedding model, its tokenizer and a jit-compiled encode function."""
 
@@ -101,7 +111,6 @@ class Embedder:
                 f"(vocab_size={spec.config.vocab_size})"
             )
         self.mesh = None
-        forward = lambda p, ids, mask: nnx.merge(graphdef, p)(ids, mask)  # noqa: E731
         if data_parallel and len(jax.local_devices()) > 1:
             # Every local device encodes its share of each batch (params replicated): an 8B
             # teacher keeps all GPUs of a node busy instead of one.
@@ -109,10 +118,12 @@ class Embedder:
             replicated, rows = sharding.replicated(self.mesh), sharding.batch_sharding(self.mesh)
             self.params = jax.device_put(params, replicated)
             self._embed = jax.jit(
-                forward, in_shardings=(replicated, rows, rows), out_shardings=rows
+                lambda p, ids, mask: _forward(graphdef, p, ids, mask),
+                in_shardings=(replicated, rows, rows),
+                out_shardings=rows,
             )
         else:
-            self._embed = jax.jit(forward)
+            self._embed = lambda p, ids, mask: _forward_jit(graphdef, p, ids, mask)
 
     @classmethod
     def from_pretrained(

@@ -12,6 +12,7 @@ Writes <output>/study.json (all results + wall-clock times), study.md (tables) a
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from stages import Stage, run_stages  # noqa: E402  (scripts/ is on sys.path)
 
 from caliber_jax import evaluate  # noqa: E402
 from caliber_jax.eval import plots  # noqa: E402
@@ -92,6 +95,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--results_md", default=None, help="also write the tables here")
+    parser.add_argument(
+        "--jobs", type=int, default=min(2, os.cpu_count() or 1),
+        help="stages run side by side (1: one after the other, streaming their output)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.preset == "mpnet":
         import study_mpnet  # scripts/ is on sys.path: this file's folder
@@ -108,11 +115,7 @@ def main() -> None:
         common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
     times: dict[str, float] = {}
     seeds = [int(s) for s in args.seeds.split(",")]
-
-    run("prepare", ["-m", "caliber_jax.prepare", *common], times)
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common], times)
-    config = json.loads((data / "stats.json").read_text())
-    teacher_dir = _config_value(common, "teacher.model_dir")
+    teacher_dir = str(config_value(common, "teacher.model_dir"))
 
     # label -> (model directory, encoder layers evaluated; 0 = all)
     models: dict[str, tuple[str, int]] = {"Teacher": (teacher_dir, 0)}
@@ -126,25 +129,46 @@ def main() -> None:
     if "variants" in preset:
         runs = [(f"{label} s{seed}", [*overrides, f"--config.seed={seed}"])
                 for seed in seeds for label, overrides in preset["variants"]]  # fmt: skip
+
+    # prepare -> teacher vectors -> (train -> export -> evaluate) per student; the untrained
+    # models are evaluated as soon as the data is prepared. With --jobs 2 the independent
+    # branches run side by side (scripts/stages.py).
+    numgap = data / "numgap_test.jsonl"
+    eval_args = [f"--tasks={TASKS}", f"--financebench={args.financebench}",
+                 f"--numgap={numgap}", *preset.get("eval_args", [])]  # fmt: skip
+    plan = [
+        Stage("prepare", ("-m", "caliber_jax.prepare", *common)),
+        Stage(
+            "evaluate " + ", ".join(models), _evaluate_args(models, out, eval_args), ("prepare",)
+        ),
+        Stage("teacher vectors", ("-m", "caliber_jax.embed_teacher", *common), ("prepare",)),
+    ]
     for label, overrides in runs:
         workdir = out / evaluate.slug(label)
-        run(f"train {label}", ["-m", "caliber_jax.train", *common, *overrides,
-                               f"--workdir={workdir}"], times)  # fmt: skip
-        run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                f"--output={workdir / 'hf'}"], times)  # fmt: skip
-        models[label] = (str(workdir / "hf"), 0)
+        hf = str(workdir / "hf")
+        plan += [
+            Stage(
+                f"train {label}",
+                ("-m", "caliber_jax.train", *common, *overrides, f"--workdir={workdir}"),
+                ("teacher vectors",),
+            ),  # fmt: skip
+            Stage(
+                f"export {label}",
+                ("-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={hf}"),
+                (f"train {label}",),
+            ),  # fmt: skip
+            Stage(
+                f"evaluate {label}",
+                _evaluate_args({label: (hf, 0)}, out, eval_args),
+                (f"export {label}",),
+            ),  # fmt: skip
+        ]
+        models[label] = (hf, 0)
+    start = time.perf_counter()
+    run_stages(plan, times, cwd=REPO, jobs=args.jobs, log_dir=out / "logs")
+    times["all stages (wall)"] = round(time.perf_counter() - start, 1)
+    config = json.loads((data / "stats.json").read_text())
 
-    # Every model in one evaluate process: the data is loaded and tokenized once, and the
-    # process starts once (each start costs seconds of imports and tracing on a small CPU).
-    model_args = [arg for label, (model, _) in models.items()
-                  for arg in (f"--model={model}", f"--label={label}")]  # fmt: skip
-    depths = ",".join(str(layers) for _, layers in models.values())
-    run("evaluate", ["-m", "caliber_jax.evaluate", *model_args, f"--num_layers={depths}",
-                     f"--tasks={TASKS}",
-                     f"--financebench={args.financebench}",
-                     f"--numgap={data / 'numgap_test.jsonl'}", f"--output={out / 'results'}",
-                     *preset.get("eval_args", [])],
-        times)  # fmt: skip
     results = {}
     for label in models:
         results[label] = json.loads((out / "results" / f"{evaluate.slug(label)}.json").read_text())
@@ -170,17 +194,32 @@ def main() -> None:
     print("figures: " + ", ".join(str(f) for f in figures))
 
 
-def _config_value(common: list[str], field: str) -> str:
-    """Resolves one config field the way the CLIs do (file + overrides)."""
-    code = (
-        "import sys; from absl import flags; from ml_collections import config_flags;"
-        "config_flags.DEFINE_config_file('config'); flags.FLAGS(sys.argv);"
-        f"print(flags.FLAGS.config.{field})"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code, *common], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    return result.stdout.strip().splitlines()[-1]
+def _evaluate_args(models: dict[str, tuple[str, int]], out: Path, eval_args: list[str]):
+    """`caliber_jax.evaluate` arguments scoring `models` into `<out>/results/<label>.json`."""
+    model_args = [arg for label, (model, _) in models.items()
+                  for arg in (f"--model={model}", f"--label={label}")]  # fmt: skip
+    depths = ",".join(str(layers) for _, layers in models.values())
+    results = out / "results"
+    # Several models write <dir>/<slug(label)>.json; a single one writes exactly --output.
+    output = results if len(models) > 1 else results / f"{evaluate.slug(next(iter(models)))}.json"
+    return ("-m", "caliber_jax.evaluate", *model_args, f"--num_layers={depths}", *eval_args,
+            f"--output={output}")  # fmt: skip
+
+
+def config_value(common: list[str], field: str):
+    """One config field resolved the way the CLIs resolve it (config file + overrides), in this
+    process: `common` holds `--config=...` and `--config.<field>=...` arguments only."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["study.py", *common]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    value = values.config
+    for part in field.split("."):
+        value = value[part]
+    return value
 
 
 if __name__ == "__main__":

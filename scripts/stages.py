@@ -1,0 +1,118 @@
+"""Runs the CLI stages of a study as subprocesses, independent ones side by side.
+
+A stage is one user-facing command (`python -m caliber_jax.train ...`) with the stages it needs
+first. With `jobs=1` the stages run one after the other and stream their output. With `jobs>1`
+every stage whose prerequisites are done starts as soon as a slot is free: a small CPU spends a
+good part of each process in single-threaded work (imports, tracing, XLA compiling, checkpoint
+I/O), which a second process fills. Each concurrent stage then writes its output to
+`<log_dir>/<stage>.log`, and the terminal gets one line when it starts and its summary when it
+ends. Wall time per stage lands in `times` either way.
+"""
+
+import dataclasses
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+
+SUMMARY_LINES = 3  # the last lines of a concurrent stage's log shown when it ends
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    args: tuple[str, ...]  # after `python`
+    after: tuple[str, ...] = ()  # names of the stages that must finish first
+
+
+def check_graph(stages: Sequence[Stage]) -> None:
+    """Raises ValueError on a duplicate name or a prerequisite that is not an earlier stage."""
+    seen: set[str] = set()
+    for stage in stages:
+        if stage.name in seen:
+            raise ValueError(f"stage {stage.name!r} is defined twice")
+        missing = [name for name in stage.after if name not in seen]
+        if missing:
+            raise ValueError(f"stage {stage.name!r} needs {missing}, which no earlier stage is")
+        seen.add(stage.name)
+
+
+def log_name(stage: str) -> str:
+    """A file name for a stage's log: 'train LEAF s0' -> 'train_LEAF_s0.log'."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", stage).strip("_") + ".log"
+
+
+def summary(text: str, lines: int = SUMMARY_LINES) -> list[str]:
+    """The last `lines` lines of a log, each as a terminal would last show it (after its final
+    carriage return, so a progress bar counts once, at its end state)."""
+    shown = [line.rsplit("\r", 1)[-1].rstrip() for line in text.splitlines()]
+    return [line for line in shown if line][-lines:]
+
+
+def run_stages(
+    stages: Sequence[Stage], times: dict[str, float], *, cwd: Path, jobs: int = 1,
+    log_dir: Path | None = None,
+) -> None:  # fmt: skip
+    """Runs every stage once its prerequisites are done, at most `jobs` at a time.
+
+    Raises subprocess.CalledProcessError for the first stage that fails, after the stages already
+    running have ended (no new stage starts once one failed).
+    """
+    check_graph(stages)
+    if jobs <= 1:
+        for stage in stages:
+            _stream(stage, times, cwd=cwd)
+        return
+    if log_dir is None:
+        raise ValueError("run_stages: jobs > 1 needs a log_dir for the stages' output")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pending, done, failed = list(stages), set(), None
+    running: dict[futures.Future, Stage] = {}
+    with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            ready = [s for s in pending if set(s.after) <= done] if failed is None else []
+            for stage in ready[: jobs - len(running)]:
+                pending.remove(stage)
+                print(f"== start {stage.name} (log: {log_dir / log_name(stage.name)})", flush=True)
+                running[pool.submit(_logged, stage, log_dir, cwd)] = stage
+            if not running:
+                break  # a failure stopped the rest
+            finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+            for future in finished:
+                stage = running.pop(future)
+                returncode, seconds, text = future.result()
+                times[stage.name] = round(seconds, 1)
+                print(f"== {stage.name}: {'done' if returncode == 0 else 'FAILED'} in "
+                      f"{seconds:.0f} s", flush=True)  # fmt: skip
+                for line in summary(text, SUMMARY_LINES if returncode == 0 else 20):
+                    print(f"   {line}", flush=True)
+                if returncode == 0:
+                    done.add(stage.name)
+                elif failed is None:
+                    failed = subprocess.CalledProcessError(
+                        returncode, [sys.executable, *stage.args]
+                    )
+    if failed is not None:
+        raise failed
+
+
+def _stream(stage: Stage, times: dict[str, float], *, cwd: Path) -> None:
+    print(f"\n== {stage.name}: {' '.join(stage.args)}", flush=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *stage.args], cwd=cwd, check=True)
+    times[stage.name] = round(time.perf_counter() - start, 1)
+
+
+def _logged(stage: Stage, log_dir: Path, cwd: Path) -> tuple[int, float, str]:
+    path = log_dir / log_name(stage.name)
+    start = time.perf_counter()
+    with path.open("w", encoding="utf-8") as log:
+        log.write(f"$ python {' '.join(stage.args)}\n")
+        log.flush()
+        returncode = subprocess.run(
+            [sys.executable, *stage.args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
+    return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")

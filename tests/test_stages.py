@@ -1,0 +1,89 @@
+"""scripts/stages.py: the study's stage runner (order, concurrency, logs, failures)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from stages import Stage, check_graph, log_name, run_stages, summary  # noqa: E402
+
+
+def _writer(path: Path, text: str, *, sleep: float = 0.0, wait_for: Path | None = None):
+    """A stage that optionally waits for a file, then appends `text` to `path`."""
+    code = (
+        "import pathlib, sys, time\n"
+        f"wait = {str(wait_for) if wait_for else ''!r}\n"
+        "deadline = time.time() + 30\n"
+        "while wait and not pathlib.Path(wait).exists() and time.time() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        f"time.sleep({sleep})\n"
+        f"pathlib.Path({str(path)!r}).open('a').write({text!r} + '\\n')\n"
+        f"print('progress 1/2\\rprogress 2/2'); print('final: {text}')\n"
+    )
+    return ("-c", code)
+
+
+def test_check_graph_rejects_unknown_and_duplicate_stages():
+    with pytest.raises(ValueError, match=r"stage 'b' needs \['c'\]"):
+        check_graph([Stage("a", ("-c", "")), Stage("b", ("-c", ""), ("c",))])
+    with pytest.raises(ValueError, match="defined twice"):
+        check_graph([Stage("a", ("-c", "")), Stage("a", ("-c", ""))])
+
+
+def test_summary_shows_the_last_state_of_progress_bars():
+    text = "start\n 10%|#   \r 50%|##  \r100%|####\n\nfinal: loss=1\n"
+    assert summary(text, 2) == ["100%|####", "final: loss=1"]
+    assert log_name("train LEAF s0 (x)") == "train_LEAF_s0_x.log"
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_prerequisites_finish_before_their_stages_start(tmp_path, jobs):
+    order = tmp_path / "order.txt"
+    stages = [
+        Stage("first", _writer(order, "first", sleep=0.3)),
+        Stage("second", _writer(order, "second"), ("first",)),
+        Stage("third", _writer(order, "third"), ("second",)),
+    ]
+    times = {}
+    run_stages(stages, times, cwd=tmp_path, jobs=jobs, log_dir=tmp_path / "logs")
+    assert order.read_text().split() == ["first", "second", "third"]
+    assert set(times) == {"first", "second", "third"}
+    if jobs > 1:
+        log = (tmp_path / "logs" / "second.log").read_text()
+        assert log.startswith("$ python -c") and "final: second" in log
+
+
+def test_independent_stages_run_side_by_side(tmp_path):
+    # "slow" only finishes once "fast" has written its file: run one after the other, the pair
+    # would wait out slow's 30 s deadline and write in the order slow, fast.
+    order, flag = tmp_path / "order.txt", tmp_path / "fast.txt"
+    stages = [
+        Stage("slow", _writer(order, "slow", wait_for=flag)),
+        Stage("fast", _writer(flag, "fast")),
+        Stage("after", _writer(order, "after"), ("slow", "fast")),
+    ]
+    run_stages(stages, {}, cwd=tmp_path, jobs=2, log_dir=tmp_path / "logs")
+    assert order.read_text().split() == ["slow", "after"]
+    assert flag.read_text().split() == ["fast"]
+
+
+def test_a_failed_stage_stops_its_dependents_and_raises(tmp_path, capsys):
+    order = tmp_path / "order.txt"
+    stages = [
+        Stage("broken", ("-c", "print('bad input: line 3'); raise SystemExit(2)")),
+        Stage("sibling", _writer(order, "sibling", sleep=0.2)),
+        Stage("dependent", _writer(order, "dependent"), ("broken",)),
+    ]
+    times = {}
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        run_stages(stages, times, cwd=tmp_path, jobs=2, log_dir=tmp_path / "logs")
+    assert failure.value.returncode == 2
+    # The sibling already running ends normally; the dependent never starts.
+    assert order.read_text().split() == ["sibling"]
+    assert "dependent" not in times
+    out = capsys.readouterr().out
+    assert "== broken: FAILED" in out and "bad input: line 3" in out
