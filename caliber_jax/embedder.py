@@ -75,7 +75,7 @@ def cast_params(flat: dict[str, np.ndarray], param_dtype: str) -> dict[str, np.n
     return {k: v.astype(target) if v.ndim >= 2 else v for k, v in flat.items()}
 
 
-def _forward(graphdef: nnx.GraphDef, params: nnx.State, ids: jax.Array, mask: jax.Array) -> jax.Array:
+def _forward(graphdef: nnx.GraphDef, params: nnx.State, ids: jax.Array, mask: jax.Array):
     return nnx.merge(graphdef, params)(ids, mask)
 
 

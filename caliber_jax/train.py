@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from caliber_jax import checkpoint, cli, optim, paths, sharding, step, tokenization
+from caliber_jax import checkpoint, cli, compile_ahead, optim, paths, sharding, step, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.embedder import resolve_dtype
 from caliber_jax.models import embedding
@@ -79,9 +79,19 @@ def make_loader(config, source, tokenize_fn, *, pad_id, train: bool, process_row
                 lengths=None):  # fmt: skip
     return pipeline.make_loader(
         source,
+        num_epochs=None if train else 1,
+        worker_count=config.data.worker_count,
+        read_threads=config.data.read_threads,
+        **batch_options(config, tokenize_fn, pad_id=pad_id, train=train,
+                        process_rows=process_rows, lengths=lengths),
+    )  # fmt: skip
+
+
+def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, lengths) -> dict:
+    """What decides each step's batch (`pipeline.make_batch_fn`'s arguments after the source)."""
+    return dict(
         batch_size=config.batch_size,
         seed=config.seed,
-        num_epochs=None if train else 1,
         shuffle=train,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
@@ -91,8 +101,6 @@ def make_loader(config, source, tokenize_fn, *, pad_id, train: bool, process_row
         pad_to_multiple=config.data.pad_to_multiple,
         length_group_window=config.data.length_group_window if train else 1,
         drop_remainder=train and config.data.drop_remainder,
-        worker_count=config.data.worker_count,
-        read_threads=config.data.read_threads,
         # P must split evenly over this process's devices, whatever multiple the config asks.
         pert_rows_multiple=math.lcm(config.data.pert_rows_multiple, jax.local_device_count())
         if config.data.pert_rows_multiple
@@ -292,9 +300,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
     max_length = config.data.max_length
+    lengths = corpus_lengths(train_source, tokenize_fn, max_length=max_length)
     loader = make_loader(
         config, train_source, tokenize_fn, pad_id=pad_id, train=True, process_rows=process_rows,
-        lengths=corpus_lengths(train_source, tokenize_fn, max_length=max_length),
+        lengths=lengths,
     )  # fmt: skip
     data_iter = iter(loader)
     manager = checkpoint.make_manager(
@@ -302,13 +311,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every,
     )
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract_state,
+        state_shardings,
+    )
     # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
     if manager.latest_step() is not None:
-        abstract = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            abstract_state,
-            state_shardings,
-        )
         state, start = checkpoint.restore(manager, abstract, data_iter)
         # A stage line, not INFO logging: resuming is what a user must see even when quiet.
         print(f"[caliber_jax] resumed from {manager.directory} at step {start}", file=sys.stderr)
@@ -331,11 +340,29 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if jax.process_index() == 0
         else None
     )
+    programs = None
+    if config.get("compile_ahead", True):
+        # The loader's step i batch, built again on the compile thread for each new shape.
+        batch_fn = pipeline.make_batch_fn(
+            train_source,
+            **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
+                            process_rows=process_rows, lengths=lengths),
+        )  # fmt: skip
+        programs = compile_ahead.StepPrograms(train_jit)
+        programs.start(
+            ((batch_fn.geometry(i), i) for i in range(start, steps)),
+            lambda i: (abstract, sharding.to_global(batch_fn(i), mesh), weights),
+        )
+        train_fn = lambda s, b: programs(s, b, weights)  # noqa: E731
     sigterm = SigtermFlag()
-    summary = _loop(
-        config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-        val_factory, sigterm,
-    )  # fmt: skip
+    try:
+        summary = _loop(
+            config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
+            val_factory, sigterm, programs,
+        )  # fmt: skip
+    finally:
+        if programs is not None:
+            programs.close()
     manager.close()
     if writer is not None:
         writer.close()
@@ -343,7 +370,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
 
 def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-          val_factory, sigterm) -> dict[str, float]:  # fmt: skip
+          val_factory, sigterm, programs=None) -> dict[str, float]:  # fmt: skip
     """The linear train loop: step, log, validate, checkpoint."""
     last: dict[str, float] = {}
     window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
@@ -387,28 +414,31 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 break
     bar.close()
     last["step"] = step_num
-    last.update(compile_summary(len(shapes)))
+    last.update(compile_summary(len(shapes), ahead=programs.compiled_ahead if programs else 0))
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
 
 
-def compile_summary(step_programs: int) -> dict[str, float]:
+def compile_summary(step_programs: int, *, ahead: int = 0) -> dict[str, float]:
     """What this process compiled: step programs (batch shapes) and all XLA programs.
 
     `compile/compiled` counts programs XLA built from scratch; the rest came from the persistent
     compilation cache (`--compilation_cache`), so a second identical launch reports 0 there.
+    `compile/step_programs_ahead`: step programs built on the compile-ahead thread.
     """
     stats = cli.COMPILE_STATS.snapshot()
     if jax.process_index() == 0:
         print(
-            f"compile: {step_programs} train-step shapes; {stats['programs']} XLA programs, "
+            f"compile: {step_programs} train-step shapes ({ahead} built ahead of their step); "
+            f"{stats['programs']} XLA programs, "
             f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
             f"{stats['compile_seconds']:.1f} s compiling or loading",
             flush=True,
         )
     return {
         "compile/step_programs": float(step_programs),
+        "compile/step_programs_ahead": float(ahead),
         **{f"compile/{key}": float(value) for key, value in stats.items()},
     }
 

@@ -118,6 +118,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1
 
+    # Compile each batch shape's train-step program on a background thread before the step that
+    # needs it (caliber_jax/compile_ahead.py); False compiles on first use, as plain jax.jit.
+    config.compile_ahead = True
+
     config.log_every = 50
     config.eval_every = 1000
     config.checkpoint_every = 1000

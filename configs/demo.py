@@ -51,6 +51,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # rows cost, so rounding to 8 cost ~15% of the demo's training time; larger runs use 2
     # (configs/study.py).
     config.data.pack_rows_multiple = 4
+    # No compile-ahead thread on a small CPU: the step already keeps every core busy, and a
+    # concurrent compile slowed the 100-step study epoch down (benchmarks/train_end_to_end.py on
+    # 2 cores: 437.7 s with it, 417.8 s without; BENCHMARKS.md). It pays on GPUs and TPUs.
+    config.compile_ahead = False
     config.data.length_group_window = 1
     config.data.read_threads = 2
 

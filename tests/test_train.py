@@ -169,6 +169,26 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3], atol=1e-9)
 
 
+def test_compile_ahead_trains_the_same_params(data_dir, tmp_path):
+    """Programs built on the compile-ahead thread are the programs jit builds: same params."""
+    runs = {}
+    for ahead in (True, False):
+        workdir = tmp_path / f"ahead_{ahead}"
+        # About one sequence per row, rounded up to the 8 test devices: 16 x and their pi(x)
+        # fill 24 or 32 rows, so the run meets two step programs.
+        result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
+                       "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads((workdir / "summary.json").read_text())
+        runs[ahead] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
+    (params_on, on), (params_off, off) = runs[True], runs[False]
+    assert on["compile/step_programs"] == off["compile/step_programs"] >= 2
+    assert 1 <= on["compile/step_programs_ahead"] <= on["compile/step_programs"]
+    assert off["compile/step_programs_ahead"] == 0
+    for name in params_off:
+        np.testing.assert_array_equal(params_on[name], params_off[name], err_msg=name)
+
+
 def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
     """The persistent compilation cache: a relaunch reads every program instead of compiling."""
     cache = f"--compilation_cache={tmp_path / 'xla'}"

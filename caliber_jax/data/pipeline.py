@@ -243,6 +243,95 @@ def make_epoch_batches(
     return batches.astype(np.int64)
 
 
+def make_batch_fn(
+    source: TrainSource,
+    *,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+    process_index: int,
+    process_count: int,
+    tokenize_fn: TokenizeFn,
+    max_length: int,
+    pad_id: int,
+    pad_to_multiple: int,
+    length_group_window: int,
+    drop_remainder: bool,
+    pert_rows_multiple: int = 0,
+    bucket_growth: float = 1.0,
+    pack_length: int = 0,
+    pack_rows_multiple: int = 1,
+    process_rows: np.ndarray | None = None,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+) -> "_LoadBatch":
+    """The map from a global step to this process's batch that `make_loader` iterates, as a
+    picklable callable; `.geometry(step)` gives the integers that decide that batch's array
+    shapes without tokenizing or reading anything (to compile a step program ahead of time).
+    Arguments as `make_loader`'s."""
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index={process_index} not in [0, {process_count})")
+    if pert_rows_multiple < 0:
+        raise ValueError(f"pert_rows_multiple={pert_rows_multiple} must be >= 0 (0 = stacked)")
+    if pack_length and (pack_length < max_length or pack_rows_multiple < 1):
+        raise ValueError(
+            f"pack_length={pack_length} must be 0 (off) or >= max_length={max_length}, with "
+            f"pack_rows_multiple={pack_rows_multiple} >= 1"
+        )
+    if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
+        raise ValueError(
+            f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
+            f"{max_length}, {length_group_window}"
+        )
+    per_epoch = batches_per_epoch(len(source), batch_size=batch_size, drop_remainder=drop_remainder)
+    if per_epoch == 0:
+        raise ValueError(f"{len(source)} rows give no batch of {batch_size} with drop_remainder")
+    local = batch_size // process_count
+    if process_rows is None:
+        process_rows = np.arange(batch_size).reshape(process_count, local)
+    process_rows = np.asarray(process_rows, dtype=np.int64)
+    if process_rows.shape != (process_count, local) or sorted(process_rows.ravel()) != list(
+        range(batch_size)
+    ):
+        raise ValueError(
+            f"process_rows must split the {batch_size} batch rows into {process_count} x {local}, "
+            f"got shape {process_rows.shape}"
+        )
+    texts, perturbed = source.read_texts(range(len(source)))
+    if lengths is None:
+        lengths = (
+            token_lengths(tokenize_fn, texts, max_length),
+            token_lengths(tokenize_fn, perturbed, max_length),
+        )
+    lengths, pert_lengths = (np.asarray(part, dtype=np.int64) for part in lengths)
+    if lengths.shape != pert_lengths.shape or len(lengths) != len(source):
+        raise ValueError(f"lengths must be two [{len(source)}] arrays")
+    return _LoadBatch(
+        source,
+        lengths=lengths,
+        pert_lengths=pert_lengths,
+        per_epoch=per_epoch,
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        length_group_window=length_group_window,
+        drop_remainder=drop_remainder,
+        process_index=process_index,
+        process_count=process_count,
+        tokenize_fn=tokenize_fn,
+        max_length=max_length,
+        pad_id=pad_id,
+        pad_to_multiple=pad_to_multiple,
+        pert_rows_multiple=pert_rows_multiple,
+        pack_length=pack_length,
+        pack_rows_multiple=pack_rows_multiple,
+        buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
+        process_rows=process_rows,
+        has_pert=np.array([bool(text) for text in perturbed]),
+    )
+
+
 def make_loader(
     source: TrainSource,
     *,
@@ -331,69 +420,15 @@ def make_loader(
     Returns:
       A `grain.IterDataset` of batch dicts.
     """
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} not in [0, {process_count})")
-    if pert_rows_multiple < 0:
-        raise ValueError(f"pert_rows_multiple={pert_rows_multiple} must be >= 0 (0 = stacked)")
-    if pack_length and (pack_length < max_length or pack_rows_multiple < 1):
-        raise ValueError(
-            f"pack_length={pack_length} must be 0 (off) or >= max_length={max_length}, with "
-            f"pack_rows_multiple={pack_rows_multiple} >= 1"
-        )
-    if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
-        raise ValueError(
-            f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
-            f"{max_length}, {length_group_window}"
-        )
-    per_epoch = batches_per_epoch(len(source), batch_size=batch_size, drop_remainder=drop_remainder)
-    if per_epoch == 0:
-        raise ValueError(f"{len(source)} rows give no batch of {batch_size} with drop_remainder")
-    local = batch_size // process_count
-    if process_rows is None:
-        process_rows = np.arange(batch_size).reshape(process_count, local)
-    process_rows = np.asarray(process_rows, dtype=np.int64)
-    if process_rows.shape != (process_count, local) or sorted(process_rows.ravel()) != list(
-        range(batch_size)
-    ):
-        raise ValueError(
-            f"process_rows must split the {batch_size} batch rows into {process_count} x {local}, "
-            f"got shape {process_rows.shape}"
-        )
-    texts, perturbed = source.read_texts(range(len(source)))
-    if lengths is None:
-        lengths = (
-            token_lengths(tokenize_fn, texts, max_length),
-            token_lengths(tokenize_fn, perturbed, max_length),
-        )
-    lengths, pert_lengths = (np.asarray(part, dtype=np.int64) for part in lengths)
-    if lengths.shape != pert_lengths.shape or len(lengths) != len(source):
-        raise ValueError(f"lengths must be two [{len(source)}] arrays")
-    load_batch = _LoadBatch(
-        source,
-        lengths=lengths,
-        pert_lengths=pert_lengths,
-        per_epoch=per_epoch,
-        batch_size=batch_size,
-        seed=seed,
-        shuffle=shuffle,
-        length_group_window=length_group_window,
-        drop_remainder=drop_remainder,
-        process_index=process_index,
-        process_count=process_count,
-        tokenize_fn=tokenize_fn,
-        max_length=max_length,
-        pad_id=pad_id,
-        pad_to_multiple=pad_to_multiple,
-        pert_rows_multiple=pert_rows_multiple,
-        pack_length=pack_length,
-        pack_rows_multiple=pack_rows_multiple,
-        buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
-        process_rows=process_rows,
-        has_pert=np.array([bool(text) for text in perturbed]),
-    )
-    num_steps = sys.maxsize if num_epochs is None else num_epochs * per_epoch
+    load_batch = make_batch_fn(
+        source, batch_size=batch_size, seed=seed, shuffle=shuffle, process_index=process_index,
+        process_count=process_count, tokenize_fn=tokenize_fn, max_length=max_length,
+        pad_id=pad_id, pad_to_multiple=pad_to_multiple, length_group_window=length_group_window,
+        drop_remainder=drop_remainder, pert_rows_multiple=pert_rows_multiple,
+        bucket_growth=bucket_growth, pack_length=pack_length,
+        pack_rows_multiple=pack_rows_multiple, process_rows=process_rows, lengths=lengths,
+    )  # fmt: skip
+    num_steps = sys.maxsize if num_epochs is None else num_epochs * load_batch.per_epoch
     dataset = grain.MapDataset.range(num_steps).map(load_batch)
     read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=read_threads)
     loader = dataset.to_iter_dataset(read_options)
@@ -438,23 +473,8 @@ class _LoadBatch:
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         o = self.options
-        epoch, position = divmod(step, self.per_epoch)
-        cached = self._cache
-        if cached is None or cached[0] != epoch:
-            plan = make_epoch_batches(
-                np.maximum(self.lengths, self.pert_lengths),
-                batch_size=o["batch_size"],
-                seed=o["seed"],
-                epoch=epoch,
-                shuffle=o["shuffle"],
-                length_group_window=o["length_group_window"],
-                drop_remainder=o["drop_remainder"],
-            )
-            cached = self._cache = (epoch, plan)
-        rows = cached[1][position]
+        rows, filled = self._global_batch(step)
         real = rows >= 0
-        filled = rows.copy()
-        filled[~real] = rows[real][np.arange(np.sum(~real)) % np.sum(real)]
         positions = o["process_rows"][o["process_index"]]
         mine = filled[positions]
         texts, perturbed = self.source.read_texts(mine)
@@ -477,13 +497,75 @@ class _LoadBatch:
             **arrays,
         }
 
+    def geometry(self, step: int) -> tuple[int, ...]:
+        """The integers that decide the shapes of step `step`'s arrays (equal tuples, equal
+        shapes): the padded length, the compact layout's pi(x) rows, the packed row count.
+        Lengths only: nothing is tokenized or read."""
+        o = self.options
+        batch = self._global_batch(step)[1]
+        if o["pack_length"]:
+            return (0, 0, self._pack_count(batch))
+        longest = padding.bucket_for(max(1, self._longest(batch)), o["buckets"])
+        compact = self._compact_count(batch) if o["pert_rows_multiple"] else 0
+        return (longest, compact, 0)
+
+    def _global_batch(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step `step`'s global batch: its rows (-1 for padding slots) and the same with the
+        padding slots filled by copies of real rows."""
+        o = self.options
+        epoch, position = divmod(step, self.per_epoch)
+        cached = self._cache
+        if cached is None or cached[0] != epoch:
+            plan = make_epoch_batches(
+                np.maximum(self.lengths, self.pert_lengths),
+                batch_size=o["batch_size"],
+                seed=o["seed"],
+                epoch=epoch,
+                shuffle=o["shuffle"],
+                length_group_window=o["length_group_window"],
+                drop_remainder=o["drop_remainder"],
+            )
+            cached = self._cache = (epoch, plan)
+        rows = cached[1][position]
+        real = rows >= 0
+        filled = rows.copy()
+        filled[~real] = rows[real][np.arange(np.sum(~real)) % np.sum(real)]
+        return rows, filled
+
+    def _longest(self, batch: np.ndarray) -> int:
+        """The global batch's longest x or pi(x): the padded layouts' length, before bucketing."""
+        return int(max(self.lengths[batch].max(), self.pert_lengths[batch].max()))
+
+    def _pack_count(self, batch: np.ndarray) -> int:
+        """Packed rows per process: the most any process needs, rounded up to the multiple."""
+        o = self.options
+
+        def sequence_lengths(members: np.ndarray) -> list[int]:
+            pert = members[self.has_pert[members]]
+            return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
+
+        needed = max(
+            len(padding.pack_bins(sequence_lengths(batch[rows]), capacity=o["pack_length"]))
+            for rows in o["process_rows"]
+        )
+        multiple = o["pack_rows_multiple"]
+        return max(multiple, -(-needed // multiple) * multiple)
+
+    def _compact_count(self, batch: np.ndarray) -> int:
+        """The compact layout's pi(x) rows per process (the most any process has, rounded up)."""
+        o = self.options
+        local = o["batch_size"] // len(o["process_rows"])
+        per_process = self.has_pert[batch[o["process_rows"]]].sum(axis=1)
+        multiple = o["pert_rows_multiple"]
+        return min(local, max(multiple, -(-int(per_process.max()) // multiple) * multiple))
+
     def _pad(
         self, texts: list[str], perturbed: list[str], batch: np.ndarray, mine: np.ndarray
     ) -> dict[str, np.ndarray]:
         """The "stacked" and "compact" layouts: x and pi(x) rows right-padded to one length."""
         # Lengths come from the whole global batch, so every process pads to the same shape, and
         # x and pi(x) share one length (fewer distinct programs to compile).
-        longest = int(max(self.lengths[batch].max(), self.pert_lengths[batch].max()))
+        longest = self._longest(batch)
         arrays = {}
         arrays["input_ids"], arrays["attention_mask"] = self._tokenize_pad(
             texts, self.lengths, mine, longest
@@ -511,17 +593,7 @@ class _LoadBatch:
         """
         o = self.options
         capacity, size = o["pack_length"], o["batch_size"]
-
-        def sequence_lengths(members: np.ndarray) -> list[int]:
-            pert = members[self.has_pert[members]]
-            return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
-
-        needed = max(
-            len(padding.pack_bins(sequence_lengths(batch[rows]), capacity=capacity))
-            for rows in o["process_rows"]
-        )
-        multiple = o["pack_rows_multiple"]
-        count = max(multiple, -(-needed // multiple) * multiple)
+        count = self._pack_count(batch)
         positions = o["process_rows"][o["process_index"]]
         pert_rows = [i for i, text in enumerate(perturbed) if text]
         id_lists = self._tokenize_checked(texts, self.lengths[mine]) + self._tokenize_checked(
@@ -538,10 +610,7 @@ class _LoadBatch:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This process's perturbed rows of pi(x): [p, T'] ids and mask, [p] global positions."""
         o = self.options
-        local = len(mine)
-        per_process = self.has_pert[batch[o["process_rows"]]].sum(axis=1)
-        multiple = o["pert_rows_multiple"]
-        count = min(local, max(multiple, -(-int(per_process.max()) // multiple) * multiple))
+        count = self._compact_count(batch)
         rows = [i for i, text in enumerate(perturbed) if text]
         texts = [perturbed[i] for i in rows] + [""] * (count - len(rows))
         expected = np.concatenate(

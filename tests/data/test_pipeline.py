@@ -510,3 +510,28 @@ def test_packed_layout(corpus, process_count):
 def test_packed_layout_checks(corpus):
     with pytest.raises(ValueError, match="pack_length=32 must be 0"):
         loader(corpus[0], pack_length=32)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"pert_rows_multiple": 2}, {"pack_length": 128, "pack_rows_multiple": 1}],
+    ids=["stacked", "compact", "packed"],
+)
+def test_geometry_decides_each_batch_shape(corpus, layout):
+    """`make_batch_fn(...).geometry(step)`, from lengths alone, names the step's shapes: equal
+    geometry, equal shapes; the loader yields exactly the batch function's batches."""
+    source = corpus[0]
+    options = dict(
+        batch_size=8, seed=3, shuffle=True, process_index=0, process_count=1,
+        tokenize_fn=byte_tokenize, max_length=128, pad_id=PAD_ID, pad_to_multiple=8,
+        length_group_window=1, drop_remainder=False, bucket_growth=1.0, **layout,
+    )  # fmt: skip
+    batch_fn = pipeline.make_batch_fn(source, **options)
+    loaded = list(pipeline.make_loader(source, num_epochs=2, worker_count=0, read_threads=0,
+                                       **options))  # fmt: skip
+    shapes: dict[tuple, tuple] = {}
+    for step, batch in enumerate(loaded):
+        assert_same_batches([batch_fn(step)], [batch])
+        shape = tuple((k, v.shape) for k, v in sorted(batch.items()))
+        assert shapes.setdefault(batch_fn.geometry(step), shape) == shape
+    assert len(set(shapes.values())) == len(shapes) > 1  # distinct geometry, distinct shapes

@@ -1,0 +1,112 @@
+"""Compile a run's train-step programs ahead of the steps that need them.
+
+Every distinct batch shape is its own XLA program, and compiling one takes seconds on a CPU (and
+minutes for a large model on a GPU), during which jit leaves the step waiting and, on a small
+CPU, a core idle. The loader's batch for a step is a pure function of the step, and its shape is
+a function of token lengths only (`pipeline.make_batch_fn(...).geometry`), so a background thread
+walks the coming steps, and for each new shape builds that step's batch once and lowers and
+compiles the step for it while the training thread runs the steps before. The executables are
+the ones `jax.jit` would build (same function, shardings and donation, same persistent cache);
+a step whose shape is not ready yet waits for it, or compiles it itself if the walk has not got
+there.
+"""
+
+import threading
+from collections.abc import Callable, Hashable, Iterable
+from concurrent import futures
+from typing import Any
+
+import jax
+from absl import logging
+
+ShapeKey = tuple
+
+
+def shape_key(batch: dict[str, Any]) -> ShapeKey:
+    """What decides the program a batch runs: each array's name, shape and dtype."""
+    return tuple((name, tuple(v.shape), str(v.dtype)) for name, v in sorted(batch.items()))
+
+
+class StepPrograms:
+    """`programs(*args)` runs `jitted(*args)` through an executable compiled for its batch shape.
+
+    Args:
+      jitted: the `jax.jit` step function.
+      batch_arg: position of the batch among the call's arguments (its shape picks the program).
+    """
+
+    def __init__(self, jitted: Callable, *, batch_arg: int = 1):
+        self._jitted = jitted
+        self._batch_arg = batch_arg
+        self._programs: dict[ShapeKey, futures.Future] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.compiled_ahead = 0  # programs the background walk built (for tests and logs)
+
+    def __call__(self, *args):
+        key = shape_key(args[self._batch_arg])
+        future, mine = self._claim(key)
+        if mine:
+            self._build(future, args)
+        return future.result()(*args)
+
+    def start(self, walk: Iterable[tuple[Hashable, Any]], make_args: Callable[[Any], tuple]):
+        """Compiles ahead on a background thread.
+
+        Args:
+          walk: (kind, item) per coming step, in order; equal kinds mean equal batch shapes (e.g.
+            `geometry(step)`), and only the first item of each kind is built, via `make_args`.
+          make_args: item -> the step's call arguments, as the training loop will pass them.
+        """
+        if self._thread is not None:
+            raise RuntimeError("StepPrograms.start: already started")
+
+        def run() -> None:
+            seen = set()
+            try:
+                for kind, item in walk:
+                    if self._stop.is_set():
+                        return
+                    if kind in seen:
+                        continue
+                    seen.add(kind)
+                    args = make_args(item)
+                    future, mine = self._claim(shape_key(args[self._batch_arg]))
+                    if mine:
+                        self._build(future, args)
+                        self.compiled_ahead += 1
+            except Exception as error:  # the steps still compile, when they come
+                logging.warning("compile-ahead stopped: %s", error)
+
+        self._thread = threading.Thread(target=run, name="compile-ahead", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stops the walk after the program it is building (so no compile outlives training)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _claim(self, key: ShapeKey) -> tuple[futures.Future, bool]:
+        """The future of `key`'s program, and whether the caller must build it."""
+        with self._lock:
+            future = self._programs.get(key)
+            if future is not None:
+                return future, False
+            future = self._programs[key] = futures.Future()
+            return future, True
+
+    def _build(self, future: futures.Future, args: tuple) -> None:
+        try:
+            future.set_result(self._jitted.lower(*args).compile())
+        except BaseException as error:  # the step that needs this program raises it
+            future.set_exception(error)
+
+
+def abstract(tree: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s (with shardings) of a tree of arrays: lowers without the data."""
+    return jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)),
+        tree,
+    )
