@@ -109,6 +109,31 @@ def summarise(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+TABLE_COLUMNS = (
+    ("D overall", "D/overall"), ("D magnitude", "D/magnitude"), ("D polarity", "D/polarity"),
+    ("D unit", "D/unit"), ("D period", "D/period"), ("M overall", "M/overall"),
+    ("nDCG@10", "fb/ndcg_at_10"), ("R@10", "fb/recall_at_10"), ("MRR@10", "fb/mrr_at_10"),
+    ("MAP@10", "fb/map_at_10"), ("nDCG@100", "fb/ndcg_at_100"), ("R@100", "fb/recall_at_100"),
+)  # fmt: skip
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """The sweep as a markdown table (what docs/numeric.md shows), best NumGap-D first; Pareto
+    points in bold."""
+    header = ["point", "steps", *(title for title, _ in TABLE_COLUMNS), "train s", "eval s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for point in summary["points"]:
+        name = point["name"]
+        cells = [f"**{name}**" if name in summary["pareto"] else name,
+                 str(point["params"].get("steps", 0))]  # fmt: skip
+        cells += [f"{point['scores'][key]:.4f}" if key in point["scores"] else "-"
+                  for _, key in TABLE_COLUMNS]  # fmt: skip
+        times = point.get("times", {})
+        cells += [f"{times.get('train', 0):.0f}", f"{times.get('evaluate', 0):.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_pareto(summary: Mapping[str, Any], path: Path) -> Path:
     """NumGap-D (dev) vs FinanceBench nDCG@10, one dot per point, the front joined by a line."""
     import matplotlib
@@ -161,6 +186,13 @@ def evaluate_model(model: str, label: str, numgap: Path, output: Path, common_ev
                    f"--tasks={tasks}", f"--numgap={numgap}", f"--output={output}",
                    *common_eval], log)  # fmt: skip
     return json.loads(output.read_text()), seconds
+
+
+def write_summary(summary: Mapping[str, Any], out: Path) -> None:
+    """summary.json, sweep.md (the table) and pareto.png under `out`."""
+    write_json(out / "summary.json", summary)
+    (out / "sweep.md").write_text(format_table(summary))
+    plot_pareto(summary, out / "pareto.png")
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -226,9 +258,7 @@ def main() -> None:
         )  # fmt: skip
         write_json(path, {"name": name, "model": model, "params": params,
                           "scores": scores(results), "times": times})  # fmt: skip
-        summary = summarise(load_points(points_dir))
-        write_json(out / "summary.json", summary)
-        plot_pareto(summary, out / "pareto.png")
+        write_summary(summarise(load_points(points_dir)), out)
 
     for name in filter(None, args.test.split(",")):
         # FinanceBench does not depend on the NumGap split: only NumGap is re-scored on test.
@@ -241,8 +271,7 @@ def main() -> None:
         test = scores(json.loads(target.read_text()))
         print(f"{name}: test " + ", ".join(f"{k}={v:.4f}" for k, v in test.items()), flush=True)
     summary = summarise(load_points(points_dir))
-    write_json(out / "summary.json", summary)
-    plot_pareto(summary, out / "pareto.png")
+    write_summary(summary, out)
     for point in summary["points"]:
         s = point["scores"]
         print(f"{point['name']:55s} D={s['D/overall']:.4f} nDCG@10={s['fb/ndcg_at_10']:.4f}")

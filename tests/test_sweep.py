@@ -74,6 +74,12 @@ def test_points_round_trip_and_plot(sweep, tmp_path):
     assert json.loads(json.dumps(summary)) == summary
     path = sweep.plot_pareto(summary, tmp_path / "pareto.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep.write_summary(summary, tmp_path)
+    table = (tmp_path / "sweep.md").read_text().splitlines()
+    assert table[0].startswith("| point | steps | D overall |") and len(table) == 4
+    # Best D first; both points are on the front (b: higher D, teacher: higher nDCG).
+    assert table[2].startswith("| **b** |") and "| 0.0500 |" in table[2]
+    assert table[3].startswith("| **teacher** |") and "| 0.5500 |" in table[3]
 
 
 def test_calibrate_and_numeric_configs():
