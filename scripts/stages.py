@@ -116,3 +116,19 @@ def _logged(stage: Stage, log_dir: Path, cwd: Path) -> tuple[int, float, str]:
             [sys.executable, *stage.args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT
         ).returncode
     return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")
+
+
+def config_value(common: list[str], field: str):
+    """One config field resolved the way the CLIs resolve it (config file + overrides), in this
+    process: `common` holds `--config=...` and `--config.<field>=...` arguments only."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["study.py", *common]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+    values(argv)
+    value = values.config
+    for part in field.split("."):
+        value = value[part]
+    return value

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages import Stage, run_stages  # noqa: E402  (scripts/ is on sys.path)
+from stages import Stage, config_value, run_stages  # noqa: E402  (scripts/ is on sys.path)
 
 from caliber_jax import evaluate  # noqa: E402
 from caliber_jax.eval import plots  # noqa: E402
@@ -204,22 +204,6 @@ def _evaluate_args(models: dict[str, tuple[str, int]], out: Path, eval_args: lis
     output = results if len(models) > 1 else results / f"{evaluate.slug(next(iter(models)))}.json"
     return ("-m", "caliber_jax.evaluate", *model_args, f"--num_layers={depths}", *eval_args,
             f"--output={output}")  # fmt: skip
-
-
-def config_value(common: list[str], field: str):
-    """One config field resolved the way the CLIs resolve it (config file + overrides), in this
-    process: `common` holds `--config=...` and `--config.<field>=...` arguments only."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    argv = ["study.py", *common]
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
-    values(argv)
-    value = values.config
-    for part in field.split("."):
-        value = value[part]
-    return value
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from stages import config_value  # noqa: E402
+
 FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
 
 # (objective, lam, margin, perturb_weight, lr, steps). "teacher" is the untrained model.
@@ -218,14 +222,14 @@ def main() -> None:
     log = out / "log.txt"
     out.mkdir(parents=True, exist_ok=True)
     common = [f"--config={REPO / args.config}", *args.overrides.split()]
-    data = Path(_config_value(common, "data.dir"))
+    data = Path(config_value(common, "data.dir"))
     if not data.is_absolute():
         data = REPO / data
     common.append(f"--config.data.dir={data}")
     if not (data / "teacher_train" / "x").exists():
         run(["-m", "caliber_jax.prepare", *common], log)
         run(["-m", "caliber_jax.embed_teacher", *common], log)
-    teacher_dir = _config_value(common, "teacher.model_dir")
+    teacher_dir = str(config_value(common, "teacher.model_dir"))
     common_eval = [f"--financebench={Path(args.financebench).resolve()}"]
     points_dir = out / "points"
 
@@ -275,19 +279,6 @@ def main() -> None:
     for point in summary["points"]:
         s = point["scores"]
         print(f"{point['name']:55s} D={s['D/overall']:.4f} nDCG@10={s['fb/ndcg_at_10']:.4f}")
-
-
-def _config_value(common: list[str], field: str) -> str:
-    """Resolves one config field the way the CLIs do (file + overrides)."""
-    code = (
-        "import sys; from absl import flags; from ml_collections import config_flags;"
-        "config_flags.DEFINE_config_file('config'); flags.FLAGS(sys.argv);"
-        f"print(flags.FLAGS.config.{field})"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code, *common], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    return result.stdout.strip().splitlines()[-1]
 
 
 if __name__ == "__main__":

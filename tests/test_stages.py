@@ -87,3 +87,13 @@ def test_a_failed_stage_stops_its_dependents_and_raises(tmp_path, capsys):
     assert "dependent" not in times
     out = capsys.readouterr().out
     assert "== broken: FAILED" in out and "bad input: line 3" in out
+
+
+def test_config_value_resolves_file_and_overrides_in_process():
+    from stages import config_value
+
+    common = [f"--config={REPO / 'configs' / 'demo.py'}", "--config.data.dir=/tmp/elsewhere"]
+    assert config_value(common, "data.dir") == "/tmp/elsewhere"
+    assert config_value(common, "model.num_layers") == 3  # from the file, typed
+    with pytest.raises(Exception, match="lamda"):
+        config_value([*common, "--config.loss.lamda=1"], "loss.lam")
