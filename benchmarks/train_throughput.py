@@ -124,6 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "padded rows (default: the config's)",
     )
     parser.add_argument("--remat", default="none", help="JAX remat policy (none, full, dots)")
+    parser.add_argument("--scan-layers", type=int, default=0, choices=(0, 1),
+                        help="config.model.scan_layers: 1 = layers as one lax.scan")  # fmt: skip
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18, help="read every k-th filing")
@@ -287,7 +289,12 @@ class JaxRunner:
         self.device = jax.devices()[0]
         dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
         graphdef, params_state = embedding.split_model(
-            student.spec, student.flat, dtype=dtype, remat=args.remat, attention=args.jax_attention
+            student.spec,
+            student.flat,
+            dtype=dtype,
+            remat=args.remat,
+            attention=args.jax_attention,
+            scan_layers=bool(args.scan_layers),
         )
         params = nnx.to_pure_dict(params_state)
         del params_state

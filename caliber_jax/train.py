@@ -259,6 +259,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             dtype=resolve_dtype(config.model.dtype),
             remat=config.model.remat,
             attention=config.model.attention,
+            scan_layers=config.model.get("scan_layers", True),
         )
     params = nnx.to_pure_dict(params_state)
     del flat, params_state

@@ -87,6 +87,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # outputs); attention: "xla" or "cudnn" (GPU, bf16, right-padded batches).
     config.model.remat = "none"
     config.model.attention = "xla"
+    # True runs the layers as one lax.scan (`layers.apply_layers`): one layer traced and compiled
+    # instead of L. On CPU it does not pay below ~12 layers (MiniLM fwd+bwd, 1 core: 6 layers
+    # compile 2.5 s unrolled vs 5.0 s scanned, step 7.3 vs 7.8 s; BENCHMARKS.md).
+    config.model.scan_layers = False
 
     config.batch_size = 32
     config.tensorboard = True  # TensorBoard scalars beside metrics.jsonl

@@ -161,8 +161,10 @@ class BertEncoder(nnx.Module):
         rngs: nnx.Rngs,
         remat: bool | str = False,
         attention: str = "xla",
+        scan_layers: bool = True,
     ):
         self.config = config
+        self.scan_layers = scan_layers
         self.embeddings = BertEmbeddings(config, dtype=dtype, rngs=rngs)
         self.layer = nnx.List(
             [
@@ -192,8 +194,7 @@ class BertEncoder(nnx.Module):
         )
         apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt), positions_bt)
-        for layer in self.layer:
-            x_btd = apply(layer, x_btd, mask)
+        x_btd = layers.apply_layers(self.layer, apply, x_btd, mask, scan=self.scan_layers)
         return x_btd
 
 

@@ -41,12 +41,18 @@ class EmbeddingModel(nnx.Module):
         rngs: nnx.Rngs,
         remat: bool | str = False,
         attention: str = "xla",
+        scan_layers: bool = True,
     ):
         if spec.pooling not in layers.POOLERS:
             raise ValueError(f"pooling={spec.pooling!r}, expected one of {sorted(layers.POOLERS)}")
         encoder_cls = hf.FAMILIES[spec.family][1]
         self.encoder = encoder_cls(
-            spec.config, dtype=dtype, rngs=rngs, remat=remat, attention=attention
+            spec.config,
+            dtype=dtype,
+            rngs=rngs,
+            remat=remat,
+            attention=attention,
+            scan_layers=scan_layers,
         )
         width = spec.config.width
         self.dense = nnx.data(None)
@@ -167,16 +173,28 @@ def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
 
 
 def abstract_model(
-    spec: ModelSpec, *, dtype: jnp.dtype, remat: bool | str = False, attention: str = "xla"
+    spec: ModelSpec,
+    *,
+    dtype: jnp.dtype,
+    remat: bool | str = False,
+    attention: str = "xla",
+    scan_layers: bool = True,
 ) -> EmbeddingModel:
     """The model's structure with `jax.ShapeDtypeStruct` leaves: no memory is allocated.
 
     `remat`: False/"none", True/"full" or "dots" (`layers.REMAT_POLICIES`), per layer.
     `attention`: "xla" or "cudnn" (`layers.ATTENTION_IMPLEMENTATIONS`).
+    `scan_layers`: run the layers as one `lax.scan` (`layers.apply_layers`): one layer is traced
+    and compiled instead of all of them; parameters keep their per-layer layout.
     """
     return nnx.eval_shape(
         lambda: EmbeddingModel(
-            spec, dtype=dtype, rngs=nnx.Rngs(0), remat=remat, attention=attention
+            spec,
+            dtype=dtype,
+            rngs=nnx.Rngs(0),
+            remat=remat,
+            attention=attention,
+            scan_layers=scan_layers,
         )
     )
 
@@ -228,9 +246,12 @@ def split_model(
     dtype: jnp.dtype,
     remat: bool | str = False,
     attention: str = "xla",
+    scan_layers: bool = True,
 ) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) for `spec` filled with `flat`; shapes are checked against the model."""
-    model = abstract_model(spec, dtype=dtype, remat=remat, attention=attention)
+    model = abstract_model(
+        spec, dtype=dtype, remat=remat, attention=attention, scan_layers=scan_layers
+    )
     graphdef, state = nnx.split(model, nnx.Param)
     expected = hf.flatten(nnx.to_pure_dict(state))
     if missing := sorted(set(expected) - set(flat)):

@@ -228,6 +228,30 @@ def remat_layer(apply_fn, remat: bool | str):
     return nnx.remat(apply_fn, policy=REMAT_POLICIES[name])
 
 
+def apply_layers(
+    layer_list, apply_fn, x: jax.Array, *args: jax.Array, scan: bool = True
+) -> jax.Array:
+    """`x = apply_fn(layer, x, *args)` for every layer in order.
+
+    With `scan` the layers' parameters are stacked inside the traced function and the layer runs
+    as the body of one `lax.scan`: JAX traces and XLA compiles one layer instead of L, so compile
+    time no longer grows with depth. Parameters, checkpoints and HF names keep their per-layer
+    layout (the stack is a copy made in the step; its gradient is unstacked by autodiff)."""
+    if not scan or len(layer_list) < 2:
+        for layer in layer_list:
+            x = apply_fn(layer, x, *args)
+        return x
+    splits = [nnx.split(layer) for layer in layer_list]
+    graphdef = splits[0][0]
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in splits))
+
+    def body(carry: jax.Array, state) -> tuple[jax.Array, None]:
+        return apply_fn(nnx.merge(graphdef, state), carry, *args), None
+
+    x, _ = jax.lax.scan(body, x, stacked)
+    return x
+
+
 def mean_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
     """Mean of the hidden states over non-pad tokens, in float32. Rows with no token give zeros."""
     mask = attention_mask_bt.astype(jnp.float32)[..., None]

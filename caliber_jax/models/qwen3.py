@@ -180,8 +180,10 @@ class Qwen3Encoder(nnx.Module):
         rngs: nnx.Rngs,
         remat: bool | str = False,
         attention: str = "xla",
+        scan_layers: bool = True,
     ):
         self.config = config
+        self.scan_layers = scan_layers
         self.embed_tokens = nnx.Embed(
             config.vocab_size,
             config.hidden_size,
@@ -220,8 +222,9 @@ class Qwen3Encoder(nnx.Module):
         )
         apply = layers.remat_layer(_apply_layer, self.remat)
         x_btd = self.embed_tokens(layers.mask_ids(input_ids_bt, attention_mask_bt))
-        for layer in self.layers:
-            x_btd = apply(layer, x_btd, cos_bth, sin_bth, mask)
+        x_btd = layers.apply_layers(
+            self.layers, apply, x_btd, cos_bth, sin_bth, mask, scan=self.scan_layers
+        )
         return self.norm(x_btd)
 
 
