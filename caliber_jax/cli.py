@@ -62,6 +62,8 @@ class CompileStats:
     """
 
     _BACKEND = "/jax/core/compile/backend_compile_duration"
+    _TRACE = "/jax/core/compile/jaxpr_trace_duration"
+    _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
     _HIT = "/jax/compilation_cache/cache_hits"
 
     def __init__(self):
@@ -69,6 +71,8 @@ class CompileStats:
         self.requests = 0
         self.cache_hits = 0
         self.seconds = 0.0
+        self.trace_seconds = 0.0  # Python tracing to jaxprs (cache hits still trace)
+        self.lower_seconds = 0.0  # jaxpr -> StableHLO
         self._active = False
 
     def start(self) -> "CompileStats":
@@ -83,10 +87,14 @@ class CompileStats:
 
     def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
         del kwargs
-        if event == self._BACKEND:
-            with self._lock:
+        with self._lock:
+            if event == self._BACKEND:
                 self.requests += 1
                 self.seconds += duration
+            elif event == self._TRACE:
+                self.trace_seconds += duration
+            elif event == self._LOWER:
+                self.lower_seconds += duration
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
         del kwargs
@@ -106,6 +114,8 @@ class CompileStats:
                 "compiled": self.requests - self.cache_hits,
                 "cache_hits": self.cache_hits,
                 "compile_seconds": round(self.seconds, 3),
+                "trace_seconds": round(self.trace_seconds, 3),
+                "lower_seconds": round(self.lower_seconds, 3),
             }
 
 

@@ -434,7 +434,8 @@ def compile_summary(step_programs: int, *, ahead: int = 0) -> dict[str, float]:
             f"compile: {step_programs} train-step shapes ({ahead} built ahead of their step); "
             f"{stats['programs']} XLA programs, "
             f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
-            f"{stats['compile_seconds']:.1f} s compiling or loading",
+            f"{stats['compile_seconds']:.1f} s compiling or loading "
+            f"(+ {stats['trace_seconds']:.1f} s tracing, {stats['lower_seconds']:.1f} s lowering)",
             flush=True,
         )
     return {
