@@ -11,6 +11,11 @@ next run; an unfinished one resumes from its Orbax checkpoint. After every point
 rewrites `<output>/summary.json` (all points, the Pareto front of NumGap-D vs nDCG@10) and
 `<output>/pareto.png`. Data (prepare + teacher vectors) is built once into `config.data.dir` if
 missing. `--test NAME` scores finished points on the NumGap test set as well, for the report.
+
+Finished points are also recorded under `--record` (default `docs/sweep/`, tracked in git): a run
+directory does not outlive its machine, a point takes hours on a CPU, so a later run (another
+machine, a fresh clone) restores the recorded points into `<output>/points/` and skips them. Their
+trained models are not recorded: `--test` on a restored point needs its model directory.
 """
 
 import argparse
@@ -192,6 +197,25 @@ def evaluate_model(model: str, label: str, numgap: Path, output: Path, common_ev
     return json.loads(output.read_text()), seconds
 
 
+def restore_records(record: Path, points_dir: Path) -> list[str]:
+    """Copies recorded point JSONs that `points_dir` lacks into it; returns their names."""
+    restored = []
+    points_dir.mkdir(parents=True, exist_ok=True)
+    for path in sorted((record / "points").glob("*.json")):
+        target = points_dir / path.name
+        if not target.exists():
+            write_json(target, json.loads(path.read_text()))
+            restored.append(path.stem)
+    return restored
+
+
+def record_files(record: Path, files: Sequence[Path], root: Path) -> None:
+    """Copies `files` (paths under `root`) to the same relative paths under `record`."""
+    for path in files:
+        if path.exists():
+            write_json(record / path.relative_to(root), json.loads(path.read_text()))
+
+
 def write_summary(summary: Mapping[str, Any], out: Path) -> None:
     """summary.json, sweep.md (the table) and pareto.png under `out`."""
     write_json(out / "summary.json", summary)
@@ -214,6 +238,9 @@ def main() -> None:
     parser.add_argument("--grid", default="screen", help=f"one of {sorted(GRIDS)}, or comma list")
     parser.add_argument("--overrides", default="", help="extra --config.* flags, space separated")
     parser.add_argument("--financebench", default=str(FINANCEBENCH))
+    parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
+                        help="directory (tracked) where finished points are recorded and "
+                        "restored from; '' = off")  # fmt: skip
     parser.add_argument("--test", default="", help="comma list of finished points to also score "
                         "on numgap_test.jsonl ('teacher' included)")  # fmt: skip
     args = parser.parse_args()
@@ -232,6 +259,10 @@ def main() -> None:
     teacher_dir = str(config_value(common, "teacher.model_dir"))
     common_eval = [f"--financebench={Path(args.financebench).resolve()}"]
     points_dir = out / "points"
+    record = Path(args.record).resolve() if args.record else None
+    if record is not None:
+        for name in restore_records(record, points_dir):
+            print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
     todo: list[tuple[str, tuple | None]] = [("teacher", None)]
@@ -262,15 +293,22 @@ def main() -> None:
         )  # fmt: skip
         write_json(path, {"name": name, "model": model, "params": params,
                           "scores": scores(results), "times": times})  # fmt: skip
+        if record is not None:
+            record_files(record, [path, out / "results" / f"{name}.dev.json"], out)
         write_summary(summarise(load_points(points_dir)), out)
 
     for name in filter(None, args.test.split(",")):
         # FinanceBench does not depend on the NumGap split: only NumGap is re-scored on test.
         point = json.loads((points_dir / f"{name}.json").read_text())
         target = out / "results" / f"{name}.test.json"
+        if not target.exists() and not Path(point["model"]).exists():
+            sys.exit(f"error: {points_dir / (name + '.json')}: model {point['model']} is gone "
+                     "(a restored point?); delete its record and JSON to retrain")  # fmt: skip
         if not target.exists():
             evaluate_model(point["model"], name, data / "numgap_test.jsonl", target, common_eval,
                            log, tasks="numgap")  # fmt: skip
+        if record is not None:
+            record_files(record, [target], out)
         print(f"sweep: {name} test scores in {target}", flush=True)
         test = scores(json.loads(target.read_text()))
         print(f"{name}: test " + ", ".join(f"{k}={v:.4f}" for k, v in test.items()), flush=True)

@@ -100,3 +100,22 @@ def test_calibrate_and_numeric_configs():
     assert numeric.get_config().data.dir != calibrate.get_config().data.dir
     with pytest.raises(ValueError, match="unknown variant"):
         calibrate.get_config("nope")
+
+
+def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path):
+    out, record = tmp_path / "out", tmp_path / "record"
+    finished = out / "points" / "a.json"
+    sweep.write_json(finished, point("a", 0.1, 0.5))
+    sweep.write_json(out / "results" / "a.dev.json", {"label": "a"})
+    files = [finished, out / "results" / "a.dev.json", out / "missing.json"]
+    sweep.record_files(record, files, out)
+    assert json.loads((record / "points" / "a.json").read_text())["name"] == "a"
+    assert (record / "results" / "a.dev.json").exists() and not (record / "missing.json").exists()
+
+    fresh = tmp_path / "fresh" / "points"
+    sweep.write_json(fresh / "b.json", point("b", 0.2, 0.4))
+    sweep.write_json(record / "points" / "b.json", point("b", 0.9, 0.9))  # a stale record
+    assert sweep.restore_records(record, fresh) == ["a"]
+    assert [p["name"] for p in sweep.load_points(fresh)] == ["a", "b"]
+    assert sweep.load_points(fresh)[1]["scores"]["D/overall"] == 0.2  # not overwritten
+    assert sweep.restore_records(record, fresh) == []
