@@ -37,9 +37,9 @@ FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
 # (objective, lam, margin, perturb_weight, lr, steps). "teacher" is the untrained model.
 GRIDS: dict[str, list[tuple[str, float, float, float, float, int]]] = {
     "screen": [
+        ("caliber", 0.5, 0.05, 1.0, 1e-4, 100),  # eq. 4, the paper's settings
         ("neighbour", 8.0, 0.1, 0.0, 1e-4, 100),
         ("absolute", 4.0, 0.5, 0.0, 1e-4, 100),
-        ("caliber", 0.5, 0.05, 1.0, 1e-4, 100),
         ("neighbour", 2.0, 0.05, 0.0, 1e-4, 100),
         ("neighbour", 8.0, 0.1, 1.0, 1e-4, 100),
     ],
