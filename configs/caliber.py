@@ -89,7 +89,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.attention = "xla"
     # True runs the layers as one lax.scan (`layers.apply_layers`): one layer traced and compiled
     # instead of L. On CPU it does not pay below ~12 layers (MiniLM fwd+bwd, 1 core: 6 layers
-    # compile 2.5 s unrolled vs 5.0 s scanned, step 7.3 vs 7.8 s; BENCHMARKS.md).
+    # compile 1.6 s unrolled vs 4.1 s scanned, step 5.8 vs 6.6 s; BENCHMARKS.md).
     config.model.scan_layers = False
 
     config.batch_size = 32
