@@ -88,7 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.remat = "none"
     config.model.attention = "xla"
     # True runs the layers as one lax.scan (`layers.apply_layers`): one layer traced and compiled
-    # instead of L. On CPU it does not pay below ~12 layers (MiniLM fwd+bwd, 1 core: 6 layers
+    # instead of L. On CPU it did not pay at 3 or 6 layers (MiniLM fwd+bwd, 1 core: 6 layers
     # compile 1.6 s unrolled vs 4.1 s scanned, step 5.8 vs 6.6 s; BENCHMARKS.md).
     config.model.scan_layers = False
 
