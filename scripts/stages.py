@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+
 SUMMARY_LINES = 3  # the last lines of a concurrent stage's log shown when it ends
 
 
@@ -124,6 +126,10 @@ def config_value(common: list[str], field: str):
     from absl import flags
     from ml_collections import config_flags
 
+    # Config files import `configs.*` from the repository root, as `python -m caliber_jax...`
+    # run from the root does; a script started as `python scripts/x.py` has only scripts/.
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     argv = ["study.py", *common]
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)

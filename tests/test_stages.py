@@ -1,5 +1,6 @@
 """scripts/stages.py: the study's stage runner (order, concurrency, logs, failures)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,16 @@ def test_config_value_resolves_file_and_overrides_in_process():
     assert config_value(common, "model.num_layers") == 3  # from the file, typed
     with pytest.raises(Exception, match="lamda"):
         config_value([*common, "--config.loss.lamda=1"], "loss.lam")
+
+
+def test_config_value_imports_configs_package_from_a_plain_script(tmp_path):
+    # `python scripts/sweep.py` has scripts/ on sys.path, not the root that `configs.*` lives in.
+    code = (
+        f"import sys; sys.path[:] = [p for p in sys.path if p not in ('', {str(REPO)!r})]; "
+        f"sys.path.insert(0, {str(REPO / 'scripts')!r}); from stages import config_value; "
+        f"print(config_value(['--config={REPO / 'configs/numeric.py'}'], 'loss.objective'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == "neighbour"
