@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import common, torch_reference, train_throughput
+from benchmarks import common, compile_depth, torch_reference, train_throughput
 from caliber_jax import losses, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding, qwen3
@@ -230,3 +230,12 @@ def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
     )
     ratio = float(values["jax_seq_per_s"]) / float(values["torch_seq_per_s"])
     assert float(lines[-1].split("=")[1]) == pytest.approx(ratio, rel=1e-2)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_compile_depth_measures_every_phase(minilm_dir, scan):
+    times = compile_depth.measure(
+        str(minilm_dir), layers=2, scan=scan, batch=2, length=8, repeats=1
+    )
+    assert set(times) == {"trace", "lower", "compile", "step"}
+    assert all(value > 0 for value in times.values())
