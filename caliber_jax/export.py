@@ -1,11 +1,17 @@
 """Export a trained student: Orbax checkpoint -> Hugging Face / sentence-transformers directory.
 
     python -m caliber_jax.export --workdir runs/caliber [--step N] --output runs/caliber/hf
+    python -m caliber_jax.export --workdir runs/numeric --interpolate 0.5 --output runs/numeric/hf
 
 Restores only the params (single-device targets, whatever topology wrote them), applies the weight
 table in reverse, writes `model.safetensors`, `config.json`, the tokenizer files and the
 sentence-transformers modules (pooling, Dense W_out when present, Normalize), so `AutoModel` and
 `SentenceTransformer` load the student. `--workdir` and `--output` may be URLs (gs://...).
+
+`--interpolate alpha` writes (1 - alpha) * initial + alpha * trained weights instead (weight-space
+ensembling, "WiSE-FT", Wortsman et al. 2022): the initial student is what `train.py` starts from
+(`config.model.init_dir`, W_out from `config.seed`), so with a student calibrating itself alpha
+trades the trained numeric separation against the teacher's retrieval without retraining.
 """
 
 import json
@@ -14,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 
 import ml_collections
+import numpy as np
 from absl import flags
 from etils import epath
 
@@ -22,12 +29,16 @@ from caliber_jax.models import embedding, hf
 
 
 def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
-           query_prompt: str | None = None) -> epath.Path:  # fmt: skip
-    """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`."""
+           query_prompt: str | None = None, interpolate: float | None = None,
+           ) -> epath.Path:  # fmt: skip
+    """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`.
+
+    `interpolate` in [0, 1] blends the checkpoint with the initial student (module docstring).
+    """
     workdir, output = paths.as_path(workdir), paths.as_path(output)
     if paths.is_remote(output):  # write locally, then copy the finished directory over
         with tempfile.TemporaryDirectory() as local:
-            export(workdir, local, step=step, query_prompt=query_prompt)
+            export(workdir, local, step=step, query_prompt=query_prompt, interpolate=interpolate)
             _copy_tree(epath.Path(local), output)
         return output
     config_path = workdir / "config.json"
@@ -40,6 +51,9 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     )
     params, step = checkpoint.restore_params(workdir / "checkpoints", step=step)
     flat = embedding.params_to_flat(params)
+    if interpolate is not None:
+        initial = embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
+        flat = interpolate_params(initial, flat, interpolate)
     tokenizer = tokenization.load_tokenizer(model.tokenizer_dir or model.init_dir)
     # Tensors the encoder never uses (BERT's pooler) go out as they came in, so AutoModel
     # loads the full original architecture without re-initialising anything.
@@ -54,8 +68,33 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         query_prompt=query_prompt,
         passthrough={k.removeprefix("bert."): v for k, v in passthrough.items()},
     )
-    hf.save_json({"workdir": str(workdir), "step": int(step)}, output / "caliber_export.json")
+    record = {"workdir": str(workdir), "step": int(step)}
+    if interpolate is not None:
+        record["interpolate"] = float(interpolate)
+    hf.save_json(record, output / "caliber_export.json")
     return output
+
+
+def interpolate_params(
+    initial: dict[str, np.ndarray], trained: dict[str, np.ndarray], alpha: float
+) -> dict[str, np.ndarray]:
+    """(1 - alpha) * initial + alpha * trained, tensor by tensor (same names and shapes)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"interpolate: alpha must be in [0, 1], got {alpha}")
+    if set(initial) != set(trained):
+        raise ValueError(
+            f"interpolate: parameter names differ: {sorted(set(initial) ^ set(trained))[:5]}"
+        )
+    blended = {}
+    for name, value in trained.items():
+        if initial[name].shape != value.shape:
+            raise ValueError(
+                f"interpolate: parameter {name!r}: shape {value.shape} trained, "
+                f"{initial[name].shape} initial"
+            )
+        mixed = (1.0 - alpha) * initial[name].astype(np.float64) + alpha * value.astype(np.float64)
+        blended[name] = mixed.astype(value.dtype)
+    return blended
 
 
 def _copy_tree(source: epath.Path, target: epath.Path) -> None:
@@ -70,7 +109,15 @@ def _copy_tree(source: epath.Path, target: epath.Path) -> None:
 def main(argv: Sequence[str]) -> None:
     del argv
     values = flags.FLAGS
-    print(export(values.workdir, values.output, step=values.step, query_prompt=values.query_prompt))
+    print(
+        export(
+            values.workdir,
+            values.output,
+            step=values.step,
+            query_prompt=values.query_prompt,
+            interpolate=values.interpolate,
+        )
+    )
 
 
 if __name__ == "__main__":
@@ -79,4 +126,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("output", None, "Directory to write the HF model to.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
     flags.DEFINE_string("query_prompt", None, "sentence-transformers 'query' prompt to record.")
+    flags.DEFINE_float(
+        "interpolate", None, "Blend alpha * trained + (1 - alpha) * initial weights (WiSE-FT)."
+    )
     cli.run(main)

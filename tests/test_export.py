@@ -127,3 +127,32 @@ def test_qwen3_student_loads_in_torch_and_sentence_transformers(
 def test_missing_workdir_config_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         export(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("out_dim", [None, 128])
+def test_interpolate_blends_initial_and_trained_weights(minilm_dir, tmp_path, out_dim):
+    workdir, spec, trained = make_workdir(tmp_path, minilm_dir, num_layers=3, out_dim=out_dim)
+    # The initial student as train.py builds it (W_out, if any, from config.seed).
+    initial = embedding.load_flat_params(minilm_dir, spec, seed=0)
+    for alpha in (0.0, 0.25, 1.0):
+        out = export(workdir, tmp_path / f"hf_{alpha}", interpolate=alpha)
+        reloaded = embedding.load_flat_params(out, embedding.read_spec(out))
+        assert set(reloaded) == set(trained)
+        for name, value in trained.items():
+            expected = (1 - alpha) * initial[name].astype(np.float64) + alpha * value
+            # float32 storage: within half an ulp of the float64 blend.
+            np.testing.assert_allclose(reloaded[name], expected, rtol=1e-7, atol=1e-9, err_msg=name)
+        record = json.loads((out / "caliber_export.json").read_text())
+        assert record["interpolate"] == alpha and record["step"] == 7
+    # alpha 0 is exactly the initial student, alpha 1 exactly the checkpoint.
+    zero = embedding.load_flat_params(tmp_path / "hf_0.0", spec)
+    one = embedding.load_flat_params(tmp_path / "hf_1.0", spec)
+    name = "encoder.layer.0.query.kernel"
+    np.testing.assert_array_equal(zero[name], initial[name])
+    np.testing.assert_array_equal(one[name], trained[name])
+
+
+def test_interpolate_rejects_alpha_outside_unit_interval(minilm_dir, tmp_path):
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3)
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):
+        export(workdir, tmp_path / "hf", interpolate=1.5)
