@@ -17,11 +17,20 @@ from caliber_jax import paths
 
 
 def make_manager(
-    directory: str | os.PathLike, *, max_to_keep: int, save_interval_steps: int
+    directory: str | os.PathLike,
+    *,
+    max_to_keep: int,
+    save_interval_steps: int,
+    keep_period: int | None = None,
 ) -> ocp.CheckpointManager:
-    """CheckpointManager for `{state, data_iter}` items under `directory`."""
+    """CheckpointManager for `{state, data_iter}` items under `directory`.
+
+    `max_to_keep` latest steps are kept; with `keep_period`, every step divisible by it is kept
+    as well (mid-run checkpoints to export and score later, e.g. `scripts/sweep.py --checkpoints`).
+    """
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
+        keep_period=keep_period or None,
         save_interval_steps=save_interval_steps,
         create=True,
         enable_async_checkpointing=False,

@@ -311,6 +311,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         workdir / "checkpoints",
         max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every,
+        keep_period=config.keep_period,
     )
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

@@ -130,4 +130,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every = 1000
     config.checkpoint_every = 1000
     config.keep_checkpoints = 3
+    # Also keep every checkpoint whose step is a multiple of this (0: only the latest ones).
+    config.keep_period = 0
     return config

@@ -12,6 +12,11 @@ rewrites `<output>/summary.json` (all points, the Pareto front of NumGap-D vs nD
 `<output>/pareto.png`. Data (prepare + teacher vectors) is built once into `config.data.dir` if
 missing. `--test NAME` scores finished points on the NumGap test set as well, for the report.
 
+Derived points cost no training: `--checkpoints 600,800` also scores each trained point at those
+mid-run steps (`<name>_at600`: its checkpoints are kept through `config.keep_period`), and
+`--interpolate 0.5,0.7` scores weight-space blends of the final model with the initial student
+(`<name>_w0.5`: `caliber_jax.export --interpolate`). Both are dev points like any other.
+
 Finished points are also recorded under `--record` (default `docs/sweep/`, tracked in git): a run
 directory does not outlive its machine, a point takes hours on a CPU, so a later run (another
 machine, a fresh clone) restores the recorded points into `<output>/points/` and skips them. Their
@@ -20,6 +25,7 @@ trained models are not recorded: `--test` on a restored point needs its model di
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -68,6 +74,22 @@ def point_overrides(objective: str, lam: float, margin: float, perturb_weight: f
         f"--config.optim.lr={lr}",
         f"--config.total_steps={steps}",
     ]
+
+
+def derived_points(
+    name: str, steps: int, checkpoints: Sequence[int], alphas: Sequence[float]
+) -> list[tuple[str, int | None, float | None]]:
+    """(name, checkpoint step, interpolation alpha) of the points derived from trained point
+    `name` without training: each listed step before its last, then each blend of its final
+    model."""
+    derived = [(f"{name}_at{step}", step, None) for step in checkpoints if 0 < step < steps]
+    derived += [(f"{name}_w{alpha:g}", None, alpha) for alpha in alphas]
+    return derived
+
+
+def keep_period(checkpoints: Sequence[int]) -> int:
+    """The `config.keep_period` that keeps every listed step (their gcd; 0 = none listed)."""
+    return math.gcd(*checkpoints) if checkpoints else 0
 
 
 def scores(results: Mapping[str, Any]) -> dict[str, float]:
@@ -241,9 +263,16 @@ def main() -> None:
     parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
                         help="directory (tracked) where finished points are recorded and "
                         "restored from; '' = off")  # fmt: skip
+    parser.add_argument("--checkpoints", default="", help="comma list of mid-run steps to also "
+                        "score for every trained point (<name>_at<step>)")  # fmt: skip
+    parser.add_argument("--interpolate", default="", help="comma list of alphas: also score "
+                        "alpha * final + (1 - alpha) * initial weights "
+                        "(<name>_w<alpha>)")  # fmt: skip
     parser.add_argument("--test", default="", help="comma list of finished points to also score "
                         "on numgap_test.jsonl ('teacher' included)")  # fmt: skip
     args = parser.parse_args()
+    checkpoints = [int(step) for step in filter(None, args.checkpoints.split(","))]
+    alphas = [float(alpha) for alpha in filter(None, args.interpolate.split(","))]
 
     out = Path(args.output).resolve()
     log = out / "log.txt"
@@ -267,35 +296,61 @@ def main() -> None:
     grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
     todo: list[tuple[str, tuple | None]] = [("teacher", None)]
     todo += [(point_name(*point), point) for point in grid]
-    for name, point in todo:
-        path = points_dir / f"{name}.json"
-        if path.exists():
-            print(f"sweep: {name} done, skipped", flush=True)
-            continue
-        print(f"sweep: {name}", flush=True)
-        times: dict[str, float] = {}
-        params: dict[str, Any] = {}
-        model = teacher_dir
-        if point is not None:
-            objective, lam, margin, perturb_weight, lr, steps = point
-            params = dict(objective=objective, lam=lam, margin=margin,
-                          perturb_weight=perturb_weight, lr=lr, steps=steps)  # fmt: skip
-            workdir = out / "runs" / name
-            times["train"] = run(["-m", "caliber_jax.train", *common, *point_overrides(*point),
-                                  f"--workdir={workdir}"], log)  # fmt: skip
-            times["export"] = run(["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                   f"--output={workdir / 'hf'}"], log)  # fmt: skip
-            model = str(workdir / "hf")
-            params["train_summary"] = json.loads((workdir / "summary.json").read_text())
+
+    def finish(name: str, model: str, params: dict[str, Any], times: dict[str, float]) -> None:
+        """Scores `model` on the dev set and writes (and records) point `name`."""
         results, times["evaluate"] = evaluate_model(
             model, name, data / "numgap_dev.jsonl", out / "results" / f"{name}.dev.json",
             common_eval, log,
         )  # fmt: skip
+        path = points_dir / f"{name}.json"
         write_json(path, {"name": name, "model": model, "params": params,
                           "scores": scores(results), "times": times})  # fmt: skip
         if record is not None:
             record_files(record, [path, out / "results" / f"{name}.dev.json"], out)
         write_summary(summarise(load_points(points_dir)), out)
+
+    keep = [f"--config.keep_period={keep_period(checkpoints)}"] if checkpoints else []
+    for name, point in todo:
+        if (points_dir / f"{name}.json").exists():
+            print(f"sweep: {name} done, skipped", flush=True)
+        elif point is None:
+            print(f"sweep: {name}", flush=True)
+            finish(name, teacher_dir, {}, {})
+        else:
+            print(f"sweep: {name}", flush=True)
+            objective, lam, margin, perturb_weight, lr, steps = point
+            params = dict(objective=objective, lam=lam, margin=margin,
+                          perturb_weight=perturb_weight, lr=lr, steps=steps)  # fmt: skip
+            workdir = out / "runs" / name
+            times = {"train": run(["-m", "caliber_jax.train", *common, *point_overrides(*point),
+                                   *keep, f"--workdir={workdir}"], log)}  # fmt: skip
+            times["export"] = run(["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                   f"--output={workdir / 'hf'}"], log)  # fmt: skip
+            params["train_summary"] = json.loads((workdir / "summary.json").read_text())
+            finish(name, str(workdir / "hf"), params, times)
+        if point is None:
+            continue
+        workdir = out / "runs" / name
+        for derived, step, alpha in derived_points(name, point[-1], checkpoints, alphas):
+            if (points_dir / f"{derived}.json").exists():
+                continue
+            if not (workdir / "checkpoints").exists():
+                print(f"sweep: {derived} skipped: no checkpoints of {name} in {workdir} "
+                      "(a restored point?)", flush=True)  # fmt: skip
+                continue
+            print(f"sweep: {derived}", flush=True)
+            objective, lam, margin, perturb_weight, lr, steps = point
+            params = dict(objective=objective, lam=lam, margin=margin,
+                          perturb_weight=perturb_weight, lr=lr, steps=step or steps,
+                          schedule_steps=steps, of=name)  # fmt: skip
+            flags = [f"--step={step}"] if step else [f"--interpolate={alpha}"]
+            if alpha is not None:
+                params["interpolate"] = alpha
+            model = workdir / f"hf{derived.removeprefix(name)}"
+            times = {"export": run(["-m", "caliber_jax.export", f"--workdir={workdir}", *flags,
+                                    f"--output={model}"], log)}  # fmt: skip
+            finish(derived, str(model), params, times)
 
     for name in filter(None, args.test.split(",")):
         # FinanceBench does not depend on the NumGap split: only NumGap is re-scored on test.

@@ -75,3 +75,18 @@ def test_full_restore_into_sharded_abstract_state_resumes_the_iterator(tmp_path)
 def test_restore_params_without_checkpoint_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         checkpoint.restore_params(tmp_path / "empty")
+
+
+def test_keep_period_keeps_mid_run_steps_beside_the_latest(tmp_path):
+    mesh = sharding.make_mesh(fsdp=1)
+    _, state, _ = make_state(mesh)
+    iterator = data_iterator()
+    with checkpoint.make_manager(
+        tmp_path / "ckpt", max_to_keep=1, save_interval_steps=1, keep_period=3
+    ) as manager:
+        for number in range(1, 8):
+            next(iterator)
+            checkpoint.save(manager, number, state, iterator)
+        assert sorted(manager.all_steps()) == [3, 6, 7]
+    _, found_step = checkpoint.restore_params(tmp_path / "ckpt", step=3)
+    assert found_step == 3

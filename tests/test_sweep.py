@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,53 @@ def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path
     assert [p["name"] for p in sweep.load_points(fresh)] == ["a", "b"]
     assert sweep.load_points(fresh)[1]["scores"]["D/overall"] == 0.2  # not overwritten
     assert sweep.restore_records(record, fresh) == []
+
+
+def test_derived_points_and_keep_period(sweep):
+    derived = sweep.derived_points("p", 1000, [200, 600, 1000, 1200], [0.5, 0.75])
+    assert derived == [
+        ("p_at200", 200, None), ("p_at600", 600, None),  # 1000 is the point itself
+        ("p_w0.5", None, 0.5), ("p_w0.75", None, 0.75),
+    ]  # fmt: skip
+    assert sweep.keep_period([600, 700, 800]) == 100
+    assert sweep.keep_period([250, 1000]) == 250
+    assert sweep.keep_period([]) == 0
+
+
+def test_sweep_runs_trains_and_scores_derived_points(tmp_path):
+    """The whole sweep on the bundled sample: teacher, one trained point, a mid-run checkpoint
+    and a weight-space blend, each scored by `caliber_jax.evaluate` (about two minutes)."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    overrides = (
+        f"--config.data.dir={data} --config.prepare.max_passages=48 "
+        "--config.prepare.max_val_passages=16 --config.data.max_length=64 "
+        "--config.teacher.max_length=64 --config.batch_size=8 --config.checkpoint_every=1 "
+        "--config.keep_checkpoints=1"
+    )
+    command = [
+        sys.executable, "scripts/sweep.py", "--config", "configs/calibrate.py", "--grid", "smoke",
+        "--output", str(out), "--record", str(tmp_path / "record"), "--checkpoints", "1",
+        "--interpolate", "0.5", f"--overrides={overrides}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ""}
+    subprocess.run(command, cwd=REPO, check=True, env=env, timeout=900)
+    name = "neighbour_l2_m0.05_pw0_lr5e-05_s2"
+    points = {p["name"]: p for p in sweep_points(out)}
+    assert set(points) == {"teacher", name, f"{name}_at1", f"{name}_w0.5"}
+    for point in points.values():
+        assert 0.0 <= point["scores"]["D/overall"] <= 1.0
+        assert 0.0 < point["scores"]["fb/ndcg_at_10"] <= 1.0
+    at1, blend = points[f"{name}_at1"], points[f"{name}_w0.5"]
+    assert at1["params"]["steps"] == 1 and at1["params"]["schedule_steps"] == 2
+    assert blend["params"]["interpolate"] == 0.5 and blend["params"]["of"] == name
+    exported = json.loads((Path(at1["model"]) / "caliber_export.json").read_text())
+    assert exported["step"] == 1  # kept by keep_period although keep_checkpoints is 1
+    exported = json.loads((Path(blend["model"]) / "caliber_export.json").read_text())
+    assert exported == {**exported, "step": 2, "interpolate": 0.5}
+    assert (tmp_path / "record" / "points" / f"{name}_w0.5.json").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert {p["name"] for p in summary["points"]} == set(points)
+
+
+def sweep_points(out):
+    return [json.loads(path.read_text()) for path in sorted((out / "points").glob("*.json"))]
