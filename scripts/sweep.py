@@ -51,6 +51,8 @@ GRIDS: dict[str, list[tuple[str, float, float, float, float, int]]] = {
     ],
     "frontier": [
         ("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000),
+        # A quarter of the numeric weight: the alignment of x holds the student 4x harder.
+        ("neighbour", 2.0, 0.1, 0.0, 1e-4, 1000),
     ],
     # The whole path in about a minute on the bundled sample, for the tests.
     "smoke": [("neighbour", 2.0, 0.05, 0.0, 5e-5, 2)],
@@ -335,9 +337,10 @@ def main() -> None:
         for derived, step, alpha in derived_points(name, point[-1], checkpoints, alphas):
             if (points_dir / f"{derived}.json").exists():
                 continue
-            if not (workdir / "checkpoints").exists():
-                print(f"sweep: {derived} skipped: no checkpoints of {name} in {workdir} "
-                      "(a restored point?)", flush=True)  # fmt: skip
+            checkpoint = workdir / "checkpoints" / str(step or point[-1])
+            if not checkpoint.exists():
+                print(f"sweep: {derived} skipped: no {checkpoint} (a restored point, or trained "
+                      "without keep_period?)", flush=True)  # fmt: skip
                 continue
             print(f"sweep: {derived}", flush=True)
             objective, lam, margin, perturb_weight, lr, steps = point
