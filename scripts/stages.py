@@ -138,3 +138,32 @@ def config_value(common: list[str], field: str):
     for part in field.split("."):
         value = value[part]
     return value
+
+
+def record_file(path: Path, root: Path, record: Path | None) -> None:
+    """Copies `path` (a file under `root`) to the same relative path under `record` (a tracked
+    directory: run folders do not outlive their machine). Atomic; no-op without a record."""
+    if record is None or not path.is_file():
+        return
+    target = record / path.relative_to(root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".tmp")
+    partial.write_bytes(path.read_bytes())
+    partial.replace(target)
+
+
+def restore_records(record: Path | None, root: Path, pattern: str = "**/*.json") -> list[str]:
+    """Copies every recorded file matching `pattern` that `root` lacks back under `root`;
+    returns their relative paths. Files already under `root` are never overwritten."""
+    if record is None or not record.is_dir():
+        return []
+    restored = []
+    for path in sorted(record.glob(pattern)):
+        target = root / path.relative_to(record)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".tmp")
+            partial.write_bytes(path.read_bytes())
+            partial.replace(target)
+            restored.append(str(path.relative_to(record)))
+    return restored

@@ -96,6 +96,11 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--results_md", default=None, help="also write the tables here")
     parser.add_argument(
+        "--record", default=str(REPO / "docs" / "study_mpnet"),
+        help="(--preset mpnet) tracked directory where finished evaluations are recorded and "
+        "restored from; '' = off",
+    )  # fmt: skip
+    parser.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1),
         help="stages run side by side (1: one after the other, streaming their output)",
     )  # fmt: skip

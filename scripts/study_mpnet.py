@@ -10,6 +10,11 @@ re-encoded). Every stage skips what is already done (prepared data, finished tea
 checkpoints, result files), so rerunning the command continues where a killed run stopped.
 `<output>/study.json` and `study.md` are rewritten after every evaluation, so they always hold
 what has been measured so far.
+
+A run folder does not outlive its machine and the study takes many CPU hours, so every finished
+evaluation (`results/<model>/<tasks>.json`) and the study state are also recorded under `--record`
+(default `docs/study_mpnet/`, tracked in git) and restored from there on the next run: a model
+whose evaluations are all recorded is not trained or evaluated again.
 """
 
 import json
@@ -24,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
+from stages import record_file, restore_records  # noqa: E402
 
 from caliber_jax import evaluate  # noqa: E402
 from caliber_jax.eval import plots  # noqa: E402
@@ -130,6 +136,9 @@ def run_study(args, run_stage: RunFn) -> None:
     common = [f"--config.prepare.input={Path(args.filings).resolve()}"] if args.filings else []
     config_args = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}", *common]
     seeds = [int(s) for s in args.seeds.split(",")]
+    record = Path(args.record).resolve() if args.record else None
+    for name in restore_records(record, out):
+        print(f"study: {name} restored from {record}", flush=True)
     state_path = out / "study.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     times: dict[str, float] = state.get("times", {})
@@ -152,6 +161,8 @@ def run_study(args, run_stage: RunFn) -> None:
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
         (out / "study.md").write_text(report)
+        for path in (state_path, out / "study.md"):
+            record_file(path, out, record)
 
     start = time.perf_counter()
     mpnet_dir = fetch_mpnet.fetch(
@@ -187,6 +198,7 @@ def run_study(args, run_stage: RunFn) -> None:
                 ],
                 times,
             )
+        record_file(path, out, record)
         results.setdefault(label, {}).update(json.loads(path.read_text()))
         save()
 
@@ -210,14 +222,18 @@ def run_study(args, run_stage: RunFn) -> None:
             if group < len(groups):
                 evaluate_model(label, model_args, groups[group])
 
-    # After the evaluations that need no teacher vectors, so a short session measures those.
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
-    save()
-    derived = False
+    def finished(label: str) -> bool:
+        return (out / "results" / slug(label) / f"{TASKS_STUDENT[-1]}.json").is_file()
+
+    pending = [item for item in students(seeds) if not finished(item[0])]
+    # After the evaluations that need no teacher vectors, so a short session measures those;
+    # not at all once every student is evaluated (a restored study re-encodes nothing).
+    if pending:
+        run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
+        save()
+    if any(variant for _, variant, _, _ in pending):
+        derive_truncated(data, data_384, run, common, times)
     for label, variant, lam, seed in students(seeds):
-        if variant and not derived:
-            derive_truncated(data, data_384, run, common, times)
-            derived = True
         workdir = out / slug(label)
         config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
         train_args = [
@@ -228,7 +244,7 @@ def run_study(args, run_stage: RunFn) -> None:
             f"--config.seed={seed}",
             f"--workdir={workdir}",
         ]
-        if not (out / "results" / slug(label) / f"{TASKS_STUDENT[-1]}.json").is_file():
+        if not finished(label):
             run(f"train {label}", ["-m", "caliber_jax.train", *train_args], times)
             run(
                 f"export {label}",

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from stages import config_value  # noqa: E402
+from stages import config_value, record_file, restore_records  # noqa: E402
 
 FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
 
@@ -221,25 +221,6 @@ def evaluate_model(model: str, label: str, numgap: Path, output: Path, common_ev
     return json.loads(output.read_text()), seconds
 
 
-def restore_records(record: Path, points_dir: Path) -> list[str]:
-    """Copies recorded point JSONs that `points_dir` lacks into it; returns their names."""
-    restored = []
-    points_dir.mkdir(parents=True, exist_ok=True)
-    for path in sorted((record / "points").glob("*.json")):
-        target = points_dir / path.name
-        if not target.exists():
-            write_json(target, json.loads(path.read_text()))
-            restored.append(path.stem)
-    return restored
-
-
-def record_files(record: Path, files: Sequence[Path], root: Path) -> None:
-    """Copies `files` (paths under `root`) to the same relative paths under `record`."""
-    for path in files:
-        if path.exists():
-            write_json(record / path.relative_to(root), json.loads(path.read_text()))
-
-
 def write_summary(summary: Mapping[str, Any], out: Path) -> None:
     """summary.json, sweep.md (the table) and pareto.png under `out`."""
     write_json(out / "summary.json", summary)
@@ -292,7 +273,7 @@ def main() -> None:
     points_dir = out / "points"
     record = Path(args.record).resolve() if args.record else None
     if record is not None:
-        for name in restore_records(record, points_dir):
+        for name in restore_records(record, out):
             print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
@@ -308,8 +289,8 @@ def main() -> None:
         path = points_dir / f"{name}.json"
         write_json(path, {"name": name, "model": model, "params": params,
                           "scores": scores(results), "times": times})  # fmt: skip
-        if record is not None:
-            record_files(record, [path, out / "results" / f"{name}.dev.json"], out)
+        for recorded in (path, out / "results" / f"{name}.dev.json"):
+            record_file(recorded, out, record)
         write_summary(summarise(load_points(points_dir)), out)
 
     keep = [f"--config.keep_period={keep_period(checkpoints)}"] if checkpoints else []
@@ -365,8 +346,7 @@ def main() -> None:
         if not target.exists():
             evaluate_model(point["model"], name, data / "numgap_test.jsonl", target, common_eval,
                            log, tasks="numgap")  # fmt: skip
-        if record is not None:
-            record_files(record, [target], out)
+        record_file(target, out, record)
         print(f"sweep: {name} test scores in {target}", flush=True)
         test = scores(json.loads(target.read_text()))
         print(f"{name}: test " + ", ".join(f"{k}={v:.4f}" for k, v in test.items()), flush=True)

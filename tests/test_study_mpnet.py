@@ -89,3 +89,60 @@ def test_initial_student_is_minilm_with_the_seeded_w_out(minilm_dir, tmp_path):
     assert sorted(written) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(written[name], value, err_msg=name)
+
+
+def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
+    minilm_dir, tmp_path, monkeypatch
+):
+    """Run folders do not outlive the machine: every finished evaluation is recorded, and a
+    fresh output folder with the same record trains, encodes and evaluates nothing again."""
+    import argparse
+    import json
+
+    monkeypatch.setattr(study_mpnet.fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
+    monkeypatch.setattr(study_mpnet.plots, "plot_all", lambda results, out: [])
+    # The 384-d stores are derived from real 768-d ones (tested above); here only whether.
+    monkeypatch.setattr(
+        study_mpnet, "derive_truncated", lambda data, data_384, run, common, times: run(
+            "teacher vectors 384", [], times)
+    )  # fmt: skip
+    monkeypatch.setattr(
+        study_mpnet.study_mpnet, "get_config",
+        lambda: type("C", (), {"model": type("M", (), {"init_dir": str(minilm_dir)})})(),
+    )  # fmt: skip
+
+    def fake_stage(calls):
+        def run_stage(stage, argv, times):
+            calls.append(stage)
+            options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+            if stage == "prepare":
+                data = Path(options["--config.data.dir"])
+                data.mkdir(parents=True, exist_ok=True)
+                (data / "stats.json").write_text("{}")
+            if "--output" in options and stage.startswith("evaluate"):
+                out = Path(options["--output"])
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"label": options["--label"]}))
+            times[stage] = 1.0
+
+        return run_stage
+
+    record = tmp_path / "record"
+    args = argparse.Namespace(output=str(tmp_path / "first"), filings=None, seeds="0",
+                              financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
+    first: list[str] = []
+    study_mpnet.run_study(args, fake_stage(first))
+    assert (
+        "teacher vectors" in first and "train LEAF s0" in first and "train Caliber t384 s0" in first
+    )
+    assert sum(stage.startswith("evaluate") for stage in first) == 2 * 3 + 2 + 4 * 3
+    recorded = sorted(p.relative_to(record).as_posix() for p in record.rglob("*.json"))
+    assert "results/Caliber_t384_s0/asymmetric.json" in recorded and "study.json" in recorded
+
+    again: list[str] = []
+    args.output = str(tmp_path / "fresh")
+    study_mpnet.run_study(args, fake_stage(again))
+    assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
+    state = json.loads((tmp_path / "fresh" / "study.json").read_text())
+    assert set(state["results"]) == {"Initial s0", "Initial t384 s0", "Teacher", "LEAF s0",
+                                     "Caliber s0", "LEAF t384 s0", "Caliber t384 s0"}  # fmt: skip

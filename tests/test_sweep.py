@@ -110,18 +110,21 @@ def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path
     finished = out / "points" / "a.json"
     sweep.write_json(finished, point("a", 0.1, 0.5))
     sweep.write_json(out / "results" / "a.dev.json", {"label": "a"})
-    files = [finished, out / "results" / "a.dev.json", out / "missing.json"]
-    sweep.record_files(record, files, out)
+    for path in (finished, out / "results" / "a.dev.json", out / "missing.json"):
+        sweep.record_file(path, out, record)
     assert json.loads((record / "points" / "a.json").read_text())["name"] == "a"
     assert (record / "results" / "a.dev.json").exists() and not (record / "missing.json").exists()
+    sweep.record_file(finished, out, None)  # recording off: nothing happens
 
-    fresh = tmp_path / "fresh" / "points"
-    sweep.write_json(fresh / "b.json", point("b", 0.2, 0.4))
+    fresh = tmp_path / "fresh"
+    sweep.write_json(fresh / "points" / "b.json", point("b", 0.2, 0.4))
     sweep.write_json(record / "points" / "b.json", point("b", 0.9, 0.9))  # a stale record
-    assert sweep.restore_records(record, fresh) == ["a"]
-    assert [p["name"] for p in sweep.load_points(fresh)] == ["a", "b"]
-    assert sweep.load_points(fresh)[1]["scores"]["D/overall"] == 0.2  # not overwritten
+    restored = sweep.restore_records(record, fresh)
+    assert restored == ["points/a.json", "results/a.dev.json"]
+    assert [p["name"] for p in sweep.load_points(fresh / "points")] == ["a", "b"]
+    assert sweep.load_points(fresh / "points")[1]["scores"]["D/overall"] == 0.2  # not overwritten
     assert sweep.restore_records(record, fresh) == []
+    assert sweep.restore_records(tmp_path / "no-record", fresh) == []
 
 
 def test_derived_points_and_keep_period(sweep):
