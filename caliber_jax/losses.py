@@ -125,6 +125,32 @@ def neighbour_hinge(sim_p: jax.Array, sim_nb: jax.Array, margin: float) -> jax.A
     return jnp.maximum(0.0, sim_p - sim_nb + margin)
 
 
+def structure_loss(
+    s_x: jax.Array, s_px: jax.Array, t_x: jax.Array, t_px: jax.Array,
+    valid: jax.Array, pert: jax.Array,
+) -> jax.Array:  # fmt: skip
+    """Per-row similarity preservation (Tung & Mori 2019, "similarity-preserving" distillation):
+    mean of (cos(s a, s b) - cos(t a, t b))^2 over the in-batch pairs of row b's texts (x_b and,
+    if perturbed, pi(x_b)) with every *other* row's texts. Unit vectors in, `[B]` out.
+
+    A row's own pair (x_b, pi x_b) is left out: the numeric term is what separates it. The term
+    lets the student move a passage away from its teacher only in directions that leave its
+    similarity to other passages (hence to the queries that retrieve them) unchanged.
+    """
+    rows = s_x.shape[0]
+    s = jnp.concatenate([s_x, s_px])
+    t = jnp.concatenate([t_x, t_px])
+    present = jnp.concatenate([valid, pert]).astype(jnp.float32)
+    row_of = jnp.concatenate([jnp.arange(rows), jnp.arange(rows)])
+    other = (row_of[:, None] != row_of[None, :]).astype(jnp.float32)
+    pairs = present[:, None] * present[None, :] * other
+    squared = (s @ s.T - t @ t.T) ** 2 * pairs
+    # Both texts of row b (x_b at b, pi x_b at B + b) pool into row b.
+    total = squared.sum(1)[:rows] + squared.sum(1)[rows:]
+    count = pairs.sum(1)[:rows] + pairs.sum(1)[rows:]
+    return total / jnp.maximum(count, 1.0)
+
+
 def calibration_loss(
     s_x: jax.Array,
     s_px: jax.Array,
@@ -136,12 +162,14 @@ def calibration_loss(
     lam: float,
     margin: float,
     perturb_weight: float,
+    structure_weight: float = 0.0,
     t_nb: jax.Array | None = None,
     has_nb: jax.Array | None = None,
     weights: jax.Array | None = None,
     reduction: str = "batch",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """L_a(x) + 1[pi](perturb_weight * L_a(pi x) + lam * L_obj(x)), averaged over the batch.
+    """L_a(x) + 1[pi](perturb_weight * L_a(pi x) + lam * L_obj(x)) + structure_weight * L_s(x),
+    averaged over the batch (L_s: `structure_loss`, left out of the graph when its weight is 0).
 
     objective "caliber": L_obj = eq. 3, so perturb_weight = 1 is `caliber_loss` exactly.
     "absolute": L_obj = `absolute_hinge(Delta_s, m)`. "neighbour": L_obj =
@@ -155,13 +183,15 @@ def calibration_loss(
       lam: weight of the numeric term.
       margin: m of the chosen hinge.
       perturb_weight: weight of ||s(pi x) - t(pi x)|| (the authors' `perturb_weight`).
+      structure_weight: weight of `structure_loss` (0: off).
       t_nb: `[B, D]` teacher vectors of each row's neighbour x_nb ("neighbour" only).
       has_nb: `[B]` bool, whether row b has a neighbour ("neighbour" only).
 
     Returns:
       `(loss, parts)` with the parts of `caliber_loss` ("num" is the chosen hinge; "delta_t" is
       the teacher's Delta_t whatever the objective) plus "sim_p" (mean cos(s x, s pi x)) and,
-      for "neighbour", "sim_nb" (mean teacher threshold), all over the rows the term covers.
+      for "neighbour", "sim_nb" (mean teacher threshold), all over the rows the term covers;
+      "structure" (batch mean of `structure_loss`) when structure_weight > 0.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; expected one of {OBJECTIVES}")
@@ -214,6 +244,11 @@ def calibration_loss(
         parts_extra["sim_nb"] = _weighted_mean(sim_nb, weights * term_f)
     num = num * term_f
 
+    structure = jnp.zeros_like(align_x)
+    if structure_weight:
+        structure = structure_loss(s_x, s_px, t_x, t_px, valid, pert) * valid
+        parts_extra["structure"] = _weighted_mean(structure, weights)
+
     pert_weights = weights * pert_f
     term_weights = weights * term_f
     parts = {
@@ -228,9 +263,11 @@ def calibration_loss(
         **parts_extra,
     }
     if reduction == "batch":
-        loss = _weighted_mean(align_x + perturb_weight * align_px + lam * num, weights)
+        rows_loss = align_x + perturb_weight * align_px + lam * num + structure_weight * structure
+        loss = _weighted_mean(rows_loss, weights)
     else:
         loss = parts["align_x"] + perturb_weight * parts["align_px"] + lam * parts["num"]
+        loss = loss + structure_weight * parts.get("structure", 0.0)
     return loss, parts
 
 

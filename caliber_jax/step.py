@@ -93,9 +93,10 @@ def loss_fn(
     reduction: str,
     objective: str = "caliber",
     perturb_weight: float = 1.0,
+    structure_weight: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     s_x, s_px = embed_pairs(graphdef, params, batch)
-    if objective != "caliber" or perturb_weight != 1.0:
+    if objective != "caliber" or perturb_weight != 1.0 or structure_weight:
         # Issue #16 objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
         return losses.calibration_loss(
             s_x,
@@ -107,6 +108,7 @@ def loss_fn(
             lam=lam,
             margin=margin,
             perturb_weight=perturb_weight,
+            structure_weight=structure_weight,
             # Splits without mined neighbours (validation) get no neighbour term.
             t_nb=batch.get("teacher_nb", jnp.zeros_like(batch["teacher_x"])),
             has_nb=batch.get("has_nb", jnp.zeros_like(batch["has_pert"])),

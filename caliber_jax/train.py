@@ -276,6 +276,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         reduction=config.loss.reduction,
         objective=config.loss.get("objective", "caliber"),
         perturb_weight=config.loss.get("perturb_weight", 1.0),
+        structure_weight=config.loss.structure_weight,
     )
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).

@@ -118,6 +118,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.objective = "caliber"
     # Weight of ||s(pi x) - t(pi x)|| (the authors' perturb_weight); eq. 4 has 1.
     config.loss.perturb_weight = 1.0
+    # Weight of losses.structure_loss: in-batch similarity preservation (issue #16; 0 = off).
+    config.loss.structure_weight = 0.0
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

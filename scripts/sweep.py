@@ -24,6 +24,7 @@ trained models are not recorded: `--test` on a restored point needs its model di
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -40,42 +41,63 @@ from stages import config_value, record_file, restore_records  # noqa: E402
 
 FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
 
-# (objective, lam, margin, perturb_weight, lr, steps). "teacher" is the untrained model.
-GRIDS: dict[str, list[tuple[str, float, float, float, float, int]]] = {
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One trained sweep point: the loss objective and its weights, the learning rate and the
+    steps (the schedule's length)."""
+
+    objective: str
+    lam: float
+    margin: float
+    perturb_weight: float
+    lr: float
+    steps: int
+    structure_weight: float = 0.0  # losses.structure_loss (0: off)
+
+    @property
+    def name(self) -> str:
+        """A file-name-safe, unique name (points without a structure term keep their old names)."""
+        name = f"{self.objective}_l{self.lam:g}_m{self.margin:g}_pw{self.perturb_weight:g}"
+        if self.structure_weight:
+            name += f"_sw{self.structure_weight:g}"
+        return f"{name}_lr{self.lr:g}_s{self.steps}"
+
+    def overrides(self) -> list[str]:
+        """Config overrides (`--config.*`) that train this point."""
+        return [
+            f"--config.loss.objective={self.objective}",
+            f"--config.loss.lam={self.lam}",
+            f"--config.loss.margin={self.margin}",
+            f"--config.loss.perturb_weight={self.perturb_weight}",
+            f"--config.loss.structure_weight={self.structure_weight}",
+            f"--config.optim.lr={self.lr}",
+            f"--config.total_steps={self.steps}",
+        ]
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# "teacher" (the untrained model) is scored before every grid.
+GRIDS: dict[str, list[Point]] = {
     "screen": [
-        ("caliber", 0.5, 0.05, 1.0, 1e-4, 100),  # eq. 4, the paper's settings
-        ("neighbour", 8.0, 0.1, 0.0, 1e-4, 100),
-        ("absolute", 4.0, 0.5, 0.0, 1e-4, 100),
-        ("neighbour", 2.0, 0.05, 0.0, 1e-4, 100),
-        ("neighbour", 8.0, 0.1, 1.0, 1e-4, 100),
+        Point("caliber", 0.5, 0.05, 1.0, 1e-4, 100),  # eq. 4, the paper's settings
+        Point("neighbour", 8.0, 0.1, 0.0, 1e-4, 100),
+        Point("absolute", 4.0, 0.5, 0.0, 1e-4, 100),
+        Point("neighbour", 2.0, 0.05, 0.0, 1e-4, 100),
+        Point("neighbour", 8.0, 0.1, 1.0, 1e-4, 100),
     ],
     "frontier": [
-        ("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000),
+        Point("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000),
         # A quarter of the numeric weight: the alignment of x holds the student 4x harder.
-        ("neighbour", 2.0, 0.1, 0.0, 1e-4, 1000),
+        Point("neighbour", 2.0, 0.1, 0.0, 1e-4, 1000),
+        # The frontier point plus in-batch similarity preservation (losses.structure_loss).
+        Point("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000, structure_weight=50.0),
     ],
     # The whole path in about a minute on the bundled sample, for the tests.
-    "smoke": [("neighbour", 2.0, 0.05, 0.0, 5e-5, 2)],
+    "smoke": [Point("neighbour", 2.0, 0.05, 0.0, 5e-5, 2)],
 }
-
-
-def point_name(objective: str, lam: float, margin: float, perturb_weight: float, lr: float,
-               steps: int) -> str:  # fmt: skip
-    """A file-name-safe, unique name for one sweep point."""
-    return f"{objective}_l{lam:g}_m{margin:g}_pw{perturb_weight:g}_lr{lr:g}_s{steps}"
-
-
-def point_overrides(objective: str, lam: float, margin: float, perturb_weight: float, lr: float,
-                    steps: int) -> list[str]:  # fmt: skip
-    """Config overrides (`--config.*`) that train one point."""
-    return [
-        f"--config.loss.objective={objective}",
-        f"--config.loss.lam={lam}",
-        f"--config.loss.margin={margin}",
-        f"--config.loss.perturb_weight={perturb_weight}",
-        f"--config.optim.lr={lr}",
-        f"--config.total_steps={steps}",
-    ]
 
 
 def derived_points(
@@ -277,8 +299,8 @@ def main() -> None:
             print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
-    todo: list[tuple[str, tuple | None]] = [("teacher", None)]
-    todo += [(point_name(*point), point) for point in grid]
+    todo: list[tuple[str, Point | None]] = [("teacher", None)]
+    todo += [(point.name, point) for point in grid]
 
     def finish(name: str, model: str, params: dict[str, Any], times: dict[str, float]) -> None:
         """Scores `model` on the dev set and writes (and records) point `name`."""
@@ -302,11 +324,9 @@ def main() -> None:
             finish(name, teacher_dir, {}, {})
         else:
             print(f"sweep: {name}", flush=True)
-            objective, lam, margin, perturb_weight, lr, steps = point
-            params = dict(objective=objective, lam=lam, margin=margin,
-                          perturb_weight=perturb_weight, lr=lr, steps=steps)  # fmt: skip
+            params = point.params()
             workdir = out / "runs" / name
-            times = {"train": run(["-m", "caliber_jax.train", *common, *point_overrides(*point),
+            times = {"train": run(["-m", "caliber_jax.train", *common, *point.overrides(),
                                    *keep, f"--workdir={workdir}"], log)}  # fmt: skip
             times["export"] = run(["-m", "caliber_jax.export", f"--workdir={workdir}",
                                    f"--output={workdir / 'hf'}"], log)  # fmt: skip
@@ -315,19 +335,17 @@ def main() -> None:
         if point is None:
             continue
         workdir = out / "runs" / name
-        for derived, step, alpha in derived_points(name, point[-1], checkpoints, alphas):
+        for derived, step, alpha in derived_points(name, point.steps, checkpoints, alphas):
             if (points_dir / f"{derived}.json").exists():
                 continue
-            checkpoint = workdir / "checkpoints" / str(step or point[-1])
+            checkpoint = workdir / "checkpoints" / str(step or point.steps)
             if not checkpoint.exists():
                 print(f"sweep: {derived} skipped: no {checkpoint} (a restored point, or trained "
                       "without keep_period?)", flush=True)  # fmt: skip
                 continue
             print(f"sweep: {derived}", flush=True)
-            objective, lam, margin, perturb_weight, lr, steps = point
-            params = dict(objective=objective, lam=lam, margin=margin,
-                          perturb_weight=perturb_weight, lr=lr, steps=step or steps,
-                          schedule_steps=steps, of=name)  # fmt: skip
+            params = {**point.params(), "steps": step or point.steps,
+                      "schedule_steps": point.steps, "of": name}  # fmt: skip
             flags = [f"--step={step}"] if step else [f"--interpolate={alpha}"]
             if alpha is not None:
                 params["interpolate"] = alpha

@@ -323,6 +323,35 @@ def test_calibration_neighbour_gradient_pushes_pair_apart():
         np.testing.assert_allclose(grad[(0, *index)], numeric, atol=2e-3)
 
 
+def test_structure_loss_hand_values():
+    """Rows 0 and 1 real, row 2 padding (garbage, invalid). s = t except pi(x_0), which moved
+    to (e1 + e2)/sqrt2 while its teacher vector is e1. Pairs: (x0, x1) dev 0; (pi x0, x1):
+    cos_s = 1/sqrt2, cos_t = 0 -> 0.5; the own pair (x0, pi x0) is left out. Row 0 pools its two
+    texts' pairs with x1: (0 + 0.5) / 2; row 1 pools its pairs with x0 and pi x0: the same."""
+    e1, e2, r = [1.0, 0.0], [0.0, 1.0], 1 / math.sqrt(2)
+    t_x = jnp.array([e1, e2, [5.0, 5.0]])
+    s_x = jnp.array([e1, e2, [7.0, -3.0]])
+    t_px = jnp.array([e1, [0.0, 0.0], [0.0, 0.0]])
+    s_px = jnp.array([[r, r], [0.0, 0.0], [0.0, 0.0]])
+    valid, pert = jnp.array([True, True, False]), jnp.array([True, False, False])
+    structure = losses.structure_loss(s_x, s_px, t_x, t_px, valid, pert)
+    np.testing.assert_allclose(structure[:2], [0.25, 0.25], rtol=1e-6)
+    # Through calibration_loss: + structure_weight * the mean over valid rows.
+    batch = dict(s_x=s_x, s_px=s_px, t_x=t_x, t_px=t_px, has_pert=pert,
+                 weights=jnp.array([1.0, 1.0, 0.0]))  # fmt: skip
+    args = dict(objective="absolute", lam=1.0, margin=0.0, perturb_weight=0.0)
+    base, parts = losses.calibration_loss(**batch, **args)
+    assert "structure" not in parts
+    loss, parts = losses.calibration_loss(**batch, **args, structure_weight=2.0)
+    np.testing.assert_allclose(parts["structure"], 0.25, rtol=1e-6)
+    np.testing.assert_allclose(loss - base, 2.0 * 0.25, rtol=1e-6)
+    # A rotation of everything (s = R t) preserves every similarity: zero structure loss.
+    angle = 0.3
+    rot = jnp.array([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
+    rotated = losses.structure_loss(t_x @ rot.T, t_px @ rot.T, t_x, t_px, valid, pert)
+    np.testing.assert_allclose(rotated[:2], 0.0, atol=1e-6)
+
+
 def test_calibration_errors():
     with pytest.raises(ValueError, match="objective"):
         _calibration("triplet-ish", lam=1.0, margin=0.1, perturb_weight=1.0)

@@ -261,6 +261,17 @@ def test_neighbour_objective_loss_fn_is_calibration_loss():
                                    batch["has_pert"], lam=0.5, margin=0.05,
                                    weights=batch["weight"])  # fmt: skip
     assert float(eq4) == float(want4)
+    # The structure term reaches calibration_loss with its weight (and the eq. 4 objective too).
+    for objective in ("neighbour", "caliber"):
+        loss, parts = step.loss_fn(params, batch, graphdef=graphdef, objective=objective,
+                                   structure_weight=3.0, **options)  # fmt: skip
+        want, _ = losses.calibration_loss(
+            s_x, s_px, batch["teacher_x"], batch["teacher_px"], batch["has_pert"],
+            objective=objective, t_nb=batch["teacher_nb"], has_nb=batch["has_nb"],
+            weights=batch["weight"], structure_weight=3.0, **options,
+        )  # fmt: skip
+        np.testing.assert_allclose(loss, want, rtol=1e-6)
+        assert "structure" in parts
 
 
 def test_neighbour_objective_separates_pairs_in_twenty_steps():

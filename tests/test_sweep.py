@@ -26,14 +26,18 @@ def point(name, d, ndcg, objective="neighbour"):
 
 
 def test_point_name_and_overrides(sweep):
-    args = ("neighbour", 2.0, 0.05, 0.0, 5e-5, 200)
-    assert sweep.point_name(*args) == "neighbour_l2_m0.05_pw0_lr5e-05_s200"
-    assert sweep.point_overrides(*args) == [
+    point = sweep.Point("neighbour", 2.0, 0.05, 0.0, 5e-5, 200)
+    assert point.name == "neighbour_l2_m0.05_pw0_lr5e-05_s200"
+    assert point.overrides() == [
         "--config.loss.objective=neighbour", "--config.loss.lam=2.0",
         "--config.loss.margin=0.05", "--config.loss.perturb_weight=0.0",
-        "--config.optim.lr=5e-05", "--config.total_steps=200",
+        "--config.loss.structure_weight=0.0", "--config.optim.lr=5e-05",
+        "--config.total_steps=200",
     ]  # fmt: skip
-    names = [sweep.point_name(*p) for grid in sweep.GRIDS.values() for p in grid]
+    structured = sweep.Point("neighbour", 8.0, 0.1, 0.0, 1e-4, 1000, structure_weight=50.0)
+    assert structured.name == "neighbour_l8_m0.1_pw0_sw50_lr0.0001_s1000"
+    assert structured.params()["structure_weight"] == 50.0
+    names = [p.name for grid in sweep.GRIDS.values() for p in grid]
     assert len(names) == len(set(names)), "two grid points would share a result file"
 
 
