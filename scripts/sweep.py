@@ -262,7 +262,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="runs/sweep")
     parser.add_argument("--config", default="configs/numeric.py")
-    parser.add_argument("--grid", default="screen", help=f"one of {sorted(GRIDS)}, or comma list")
+    parser.add_argument("--grid", default="screen",
+                        help=f"one of {sorted(GRIDS)}, comma list, '' = only --test")  # fmt: skip
     parser.add_argument("--overrides", default="", help="extra --config.* flags, space separated")
     parser.add_argument("--financebench", default=str(FINANCEBENCH))
     parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
@@ -298,7 +299,7 @@ def main() -> None:
         for name in restore_records(record, out):
             print(f"sweep: {name} restored from {record}", flush=True)
 
-    grid = [point for name in args.grid.split(",") for point in GRIDS[name]]
+    grid = [point for name in filter(None, args.grid.split(",")) for point in GRIDS[name]]
     todo: list[tuple[str, Point | None]] = [("teacher", None)]
     todo += [(point.name, point) for point in grid]
 
