@@ -266,6 +266,9 @@ def main() -> None:
                         help=f"one of {sorted(GRIDS)}, comma list, '' = only --test")  # fmt: skip
     parser.add_argument("--overrides", default="", help="extra --config.* flags, space separated")
     parser.add_argument("--financebench", default=str(FINANCEBENCH))
+    parser.add_argument("--eval_max_length", type=int, default=128,
+                        help="token limit of every evaluated model (the students' training "
+                        "length)")  # fmt: skip
     parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
                         help="directory (tracked) where finished points are recorded and "
                         "restored from; '' = off")  # fmt: skip
@@ -292,7 +295,10 @@ def main() -> None:
         run(["-m", "caliber_jax.prepare", *common], log)
         run(["-m", "caliber_jax.embed_teacher", *common], log)
     teacher_dir = str(config_value(common, "teacher.model_dir"))
-    common_eval = [f"--financebench={Path(args.financebench).resolve()}"]
+    # One token limit for every model: an exported student's own limit is its training length
+    # (128 here) while the teacher's is 256, and retrieval must be compared at the same one.
+    common_eval = [f"--financebench={Path(args.financebench).resolve()}",
+                   f"--max_length={args.eval_max_length}"]  # fmt: skip
     points_dir = out / "points"
     record = Path(args.record).resolve() if args.record else None
     if record is not None:

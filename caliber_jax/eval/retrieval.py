@@ -123,9 +123,10 @@ def search(
     return np.concatenate(all_scores), np.concatenate(all_indices)
 
 
-def _to_run(
+def to_run(
     query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray
 ) -> dict[str, dict[str, float]]:
+    """`search`'s `(scores, indices)` as a trec run: query id -> {doc id: score}."""
     return {
         qid: {doc_ids[j]: float(s) for s, j in zip(row_scores, row_indices, strict=True)}
         for qid, row_scores, row_indices in zip(query_ids, scores, indices, strict=True)
@@ -196,7 +197,7 @@ def bm25_run(
     indices, scores = retriever.retrieve(
         query_tokens, k=min(top_k, len(doc_ids)), show_progress=False
     )
-    return _to_run(query_ids, doc_ids, scores, indices)
+    return to_run(query_ids, doc_ids, scores, indices)
 
 
 def evaluate(
@@ -230,4 +231,4 @@ def evaluate(
     query_vecs = encode_texts(encode_fn, texts, "queries")
     doc_vecs = encode_texts(encode_fn, [corpus[d] for d in doc_ids], "corpus")
     scores, indices = search(query_vecs, doc_vecs, max(ks))
-    return retrieval_metrics(qrels, _to_run(query_ids, doc_ids, scores, indices), ks)
+    return retrieval_metrics(qrels, to_run(query_ids, doc_ids, scores, indices), ks)

@@ -1,0 +1,86 @@
+"""Where a calibrated student left its teacher: residual statistics on the FinanceBench corpus.
+
+    python scripts/drift_report.py --teacher "$MINILM" --student runs/sweep/runs/NAME/hf
+
+For every FinanceBench evidence passage p, r(p) = s(p) - t(p) (unit vectors, the model's own max
+length). Prints how far the student moved (|r|), how *coherent* the moves are (mean pairwise
+cosine of the residuals, and the norm of their mean direction: 0 for independent moves), how well
+it kept the passage-to-passage similarity structure (Pearson correlation of the off-diagonal
+cosines; mean squared change), and nDCG@10 with the student on one side only (student queries +
+teacher passages, teacher queries + student passages), which says which side costs retrieval.
+Writes the numbers as JSON with `--output`.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from caliber_jax.embedder import Embedder
+from caliber_jax.eval import retrieval
+
+FINANCEBENCH = Path(__file__).resolve().parents[1] / "data/sample/financebench_open_source.jsonl.gz"
+
+
+def drift_stats(teacher: np.ndarray, student: np.ndarray) -> dict[str, float]:
+    """Residual statistics of two `[N, D]` arrays of unit rows for the same N texts."""
+    if teacher.shape != student.shape or teacher.ndim != 2 or len(teacher) < 2:
+        raise ValueError(f"need two [N >= 2, D] arrays of one shape: {teacher.shape}, "
+                         f"{student.shape}")  # fmt: skip
+    residual = student - teacher
+    norms = np.linalg.norm(residual, axis=1)
+    unit = residual / np.maximum(norms, 1e-12)[:, None]
+    off = ~np.eye(len(teacher), dtype=bool)
+    sim_t, sim_s = (teacher @ teacher.T)[off], (student @ student.T)[off]
+    return {
+        "residual_norm_mean": float(norms.mean()),
+        "residual_norm_median": float(np.median(norms)),
+        "cos_to_teacher_mean": float(np.sum(teacher * student, axis=1).mean()),
+        "residual_pairwise_cos_mean": float((unit @ unit.T)[off].mean()),
+        "residual_mean_direction_norm": float(np.linalg.norm(unit.mean(0))),
+        "similarity_corr": float(np.corrcoef(sim_t, sim_s)[0, 1]),
+        "similarity_sq_change_mean": float(((sim_s - sim_t) ** 2).mean()),
+        "similarity_mean_teacher": float(sim_t.mean()),
+        "similarity_mean_student": float(sim_s.mean()),
+    }
+
+
+def ndcg10(queries: np.ndarray, docs: np.ndarray, qrels: dict, qids: list, dids: list) -> float:
+    """nDCG@10 of cosine retrieval with the given query and document vectors."""
+    scores, indices = retrieval.search(queries, docs, 100)
+    run = retrieval.to_run(qids, dids, scores, indices)
+    return float(retrieval.retrieval_metrics(qrels, run)["ndcg_at_10"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", required=True, help="teacher model directory")
+    parser.add_argument("--student", required=True, help="student model directory")
+    parser.add_argument("--financebench", default=str(FINANCEBENCH))
+    parser.add_argument("--max_length", type=int, default=None, help="default: the model's")
+    parser.add_argument("--output", default=None, help="also write the numbers here (JSON)")
+    args = parser.parse_args()
+
+    queries, corpus, qrels = retrieval.load_financebench(args.financebench)
+    qids, dids = list(queries), list(corpus)
+    vectors = {}
+    for side, path in (("teacher", args.teacher), ("student", args.student)):
+        model = Embedder.from_pretrained(path)
+        vectors[side, "q"] = model.encode([queries[q] for q in qids], max_length=args.max_length)
+        vectors[side, "d"] = model.encode([corpus[d] for d in dids], max_length=args.max_length)
+    stats = drift_stats(vectors["teacher", "d"], vectors["student", "d"])
+    for query_side in ("teacher", "student"):
+        for doc_side in ("teacher", "student"):
+            stats[f"ndcg_at_10_{query_side}_queries_{doc_side}_docs"] = ndcg10(
+                vectors[query_side, "q"], vectors[doc_side, "d"], qrels, qids, dids
+            )
+    for key, value in stats.items():
+        print(f"{key} = {value:.4f}")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(stats, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
