@@ -81,8 +81,13 @@ class Point:
 
 # "teacher" (the untrained model) is scored before every grid.
 GRIDS: dict[str, list[Point]] = {
+    # The paper's recipes calibrating the model (one epoch, the paper's length): LEAF (lambda 0)
+    # and eq. 4 (lambda 0.5, m 0.05): the LEAF and Caliber rows of docs/numeric.md.
+    "paper": [
+        Point("caliber", 0.0, 0.05, 1.0, 1e-4, 100),
+        Point("caliber", 0.5, 0.05, 1.0, 1e-4, 100),
+    ],
     "screen": [
-        Point("caliber", 0.5, 0.05, 1.0, 1e-4, 100),  # eq. 4, the paper's settings
         Point("neighbour", 8.0, 0.1, 0.0, 1e-4, 100),
         Point("absolute", 4.0, 0.5, 0.0, 1e-4, 100),
         Point("neighbour", 2.0, 0.05, 0.0, 1e-4, 100),
