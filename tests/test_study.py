@@ -26,3 +26,37 @@ def test_study_smoke_runs_every_stage(tmp_path):
     assert (out / "LEAF_s0" / "hf" / "modules.json").is_file()
     assert "## FinanceBenchRetrieval" in (out / "study.md").read_text()
     assert any((out / "figures").glob("*.png"))
+
+
+def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
+    """`--preset numeric` (issue #16) on the bundled sample, cut down by `--overrides`: the model
+    calibrating itself, LEAF and eq. 4 beside the recipe, every model scored at 128 tokens."""
+    out = tmp_path / "numeric"
+    overrides = (
+        "--config.prepare.max_passages=48 --config.prepare.max_val_passages=16 "
+        "--config.prepare.heldout_fraction=0.34 "
+        "--config.prepare.numgap_quotas_test={'magnitude':4,'polarity':4} "
+        "--config.prepare.numgap_quotas_dev={'magnitude':2} --config.batch_size=8 "
+        "--config.data.max_length=64 --config.teacher.max_length=64 --config.total_steps=2"
+    )
+    result = subprocess.run(
+        [sys.executable, "scripts/study.py", "--preset", "numeric", "--output", str(out),
+         "--filings", "data/sample/filings.jsonl.gz", f"--overrides={overrides}"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    study = json.loads((out / "study.json").read_text())
+    assert list(study["results"]) == ["Teacher", "LEAF s0", "Caliber-paper s0", "Numeric s0"]
+    for label, results in study["results"].items():
+        assert results["settings"]["max_length"] == 128, label
+        assert 0.0 <= results["numgap"]["overall"]["D"] <= 1.0, label
+    # The user's total_steps wins over the variants' one epoch; each variant keeps its loss.
+    summaries = {
+        label: r["train_summary"] for label, r in study["results"].items() if label != "Teacher"
+    }
+    assert all(summary["step"] == 2 for summary in summaries.values())
+    configs = {label: json.loads((out / label.replace(" ", "_") / "config.json").read_text())
+               for label in summaries}  # fmt: skip
+    assert configs["LEAF s0"]["loss"]["lam"] == 0.0
+    assert configs["Caliber-paper s0"]["loss"]["objective"] == "caliber"
+    assert configs["Numeric s0"]["loss"]["objective"] == "neighbour"
