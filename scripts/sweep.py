@@ -272,6 +272,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/numeric.py")
     parser.add_argument("--grid", default="screen",
                         help=f"one of {sorted(GRIDS)}, comma list, '' = only --test")  # fmt: skip
+    parser.add_argument("--points", default="", help="comma list: only these points of the grids")
     parser.add_argument("--overrides", default="", help="extra --config.* flags, space separated")
     parser.add_argument("--financebench", default=str(FINANCEBENCH))
     parser.add_argument("--eval_max_length", type=int, default=128,
@@ -314,6 +315,8 @@ def main() -> None:
             print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in filter(None, args.grid.split(",")) for point in GRIDS[name]]
+    if args.points:
+        grid = [point for point in grid if point.name in args.points.split(",")]
     todo: list[tuple[str, Point | None]] = [("teacher", None)]
     todo += [(point.name, point) for point in grid]
 
