@@ -197,6 +197,26 @@ def format_table(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+TEST_CATEGORIES = ("overall", "magnitude", "polarity", "unit")
+FB_METRICS = tuple(f"{name}_at_{k}" for k in (10, 100) for name in ("ndcg", "recall", "mrr", "map"))
+
+
+def format_test_table(rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """The report table: per row (label, dev results, test results), NumGap-D per category and
+    M overall on the *test* set, then all eight FinanceBench metrics (from the dev run: retrieval
+    does not depend on the NumGap split)."""
+    header = ["model", *(f"D {c}" for c in TEST_CATEGORIES), "M overall",
+              *(m.replace("_at_", "@") for m in FB_METRICS)]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for label, dev, test in rows:
+        numgap = test["numgap"]
+        cells = [label, *(f"{numgap[c]['D']:.4f}" if c in numgap else "-" for c in TEST_CATEGORIES),
+                 f"{numgap['overall']['M']:.4f}",
+                 *(f"{dev['financebench'][m]:.4f}" for m in FB_METRICS)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_pareto(summary: Mapping[str, Any], path: Path) -> Path:
     """NumGap-D (dev) vs FinanceBench nDCG@10, one dot per point, the front joined by a line."""
     import matplotlib
@@ -386,6 +406,13 @@ def main() -> None:
         print(f"sweep: {name} test scores in {target}", flush=True)
         test = scores(json.loads(target.read_text()))
         print(f"{name}: test " + ", ".join(f"{k}={v:.4f}" for k, v in test.items()), flush=True)
+    tested = list(filter(None, args.test.split(",")))
+    if tested:
+        rows = [(name, json.loads((out / "results" / f"{name}.dev.json").read_text()),
+                 json.loads((out / "results" / f"{name}.test.json").read_text()))
+                for name in tested]  # fmt: skip
+        (out / "test.md").write_text(format_test_table(rows))
+        print(f"sweep: test table of {', '.join(tested)} in {out / 'test.md'}", flush=True)
     summary = summarise(load_points(points_dir))
     write_summary(summary, out)
     for point in summary["points"]:

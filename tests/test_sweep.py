@@ -179,3 +179,16 @@ def test_sweep_runs_trains_and_scores_derived_points(tmp_path):
 
 def sweep_points(out):
     return [json.loads(path.read_text()) for path in sorted((out / "points").glob("*.json"))]
+
+
+def test_test_table_has_numgap_per_category_and_every_financebench_metric(sweep):
+    fb = {metric: 0.5 for metric in sweep.FB_METRICS}
+    fb["ndcg_at_10"] = 0.5583
+    test = {"numgap": {"overall": {"D": 0.0062, "M": -0.3514}, "magnitude": {"D": 0.004, "M": 0},
+                       "unit": {"D": 0.01, "M": 0}}}  # fmt: skip
+    table = sweep.format_test_table([("Teacher", {"financebench": fb}, test)]).splitlines()
+    assert table[0].split(" | ")[1:6] == ["D overall", "D magnitude", "D polarity", "D unit",
+                                          "M overall"]  # fmt: skip
+    assert len(table[0].split(" | ")) == 1 + 5 + 8
+    assert table[2] == ("| Teacher | 0.0062 | 0.0040 | - | 0.0100 | -0.3514 | 0.5583 | "
+                        + " | ".join(["0.5000"] * 7) + " |")  # fmt: skip
