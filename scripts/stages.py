@@ -145,11 +145,7 @@ def record_file(path: Path, root: Path, record: Path | None) -> None:
     directory: run folders do not outlive their machine). Atomic; no-op without a record."""
     if record is None or not path.is_file():
         return
-    target = record / path.relative_to(root)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".tmp")
-    partial.write_bytes(path.read_bytes())
-    partial.replace(target)
+    _copy_atomic(path, record / path.relative_to(root))
 
 
 def restore_records(record: Path | None, root: Path, pattern: str = "**/*.json") -> list[str]:
@@ -161,9 +157,14 @@ def restore_records(record: Path | None, root: Path, pattern: str = "**/*.json")
     for path in sorted(record.glob(pattern)):
         target = root / path.relative_to(record)
         if path.is_file() and not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".tmp")
-            partial.write_bytes(path.read_bytes())
-            partial.replace(target)
+            _copy_atomic(path, target)
             restored.append(str(path.relative_to(record)))
     return restored
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    """Copies `source` to `target` through a temporary file: a killed copy leaves no half file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".tmp")
+    partial.write_bytes(source.read_bytes())
+    partial.replace(target)
