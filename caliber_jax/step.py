@@ -139,14 +139,39 @@ def _apply_gradients(
     """One optimizer step on `bound_loss_fn(params, batch) -> (loss, parts)`.
 
     Returns the new state and `train/*` metrics (scalars): the parts, loss, grad and param norms
-    and the learning rate.
+    and the learning rate. The composition of `_gradients` and `apply_update`, in one program.
     """
-    (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(state.params, batch)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    grads, metrics = _gradients(state.params, batch, bound_loss_fn)
+    return apply_update(state, grads, metrics, optimizer=optimizer, schedule=schedule)
+
+
+def _gradients(
+    params: Any,
+    batch: dict[str, jax.Array],
+    bound_loss_fn: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]],
+) -> tuple[Any, dict[str, jax.Array]]:
+    """Gradients of `bound_loss_fn` at `params` and the batch's `train/*` metrics."""
+    (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(params, batch)
     metrics = {f"train/{k}": v for k, v in parts.items()}
     metrics["train/loss"] = loss
     metrics["train/grad_norm"] = optax.tree.norm(grads)
+    return grads, metrics
+
+
+def apply_update(
+    state: TrainState,
+    grads: Any,
+    metrics: dict[str, jax.Array],
+    *,
+    optimizer: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The optimizer update of `state` by `grads`; adds the param norm and learning rate to the
+    gradient step's `metrics`. Its shapes are the parameters' only, so one compiled program
+    serves every batch shape (`train.py`'s `split_update`)."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics)
     metrics["train/param_norm"] = optax.tree.norm(params)
     metrics["train/lr"] = schedule(state.step)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -190,6 +215,17 @@ def train_step(
     """
     bound = functools.partial(loss_fn, graphdef=graphdef, **loss_args)
     return _apply_gradients(state, batch, bound, optimizer=optimizer, schedule=schedule)
+
+
+def grad_step(
+    params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, **loss_args: Any
+) -> tuple[Any, dict[str, jax.Array]]:
+    """The first half of `train_step`: gradients and `train/*` metrics of one batch.
+
+    With `apply_update` after it, the same step as `train_step` split into two programs: only this
+    one depends on the batch shape, so each new shape compiles the forward and backward alone.
+    """
+    return _gradients(params, batch, functools.partial(loss_fn, graphdef=graphdef, **loss_args))
 
 
 def eval_step(

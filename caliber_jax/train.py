@@ -7,6 +7,7 @@ trains the student with the jit-compiled, data-parallel step of `caliber_jax.ste
 TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -112,6 +113,19 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         process_rows=process_rows,
         lengths=lengths,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitTrainFn:
+    """A train step as two jitted programs: `grad(params, batch, weights) -> (grads, metrics)`,
+    compiled once per batch shape, then `update(state, grads, metrics) -> (state, metrics)`,
+    compiled once. Called like the one-program step: `(state, batch, weights)`."""
+
+    grad: Any
+    update: Any
+
+    def __call__(self, state, batch, weights):
+        return self.update(state, *self.grad(state.params, batch, weights))
 
 
 def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int):
@@ -282,14 +296,32 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
     replicated = sharding.replicated(mesh)
-    train_fn = jax.jit(
-        lambda s, b, w: step.train_step(
-            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args, **w
-        ),
-        in_shardings=(state_shardings, sharding.batch_sharding(mesh), replicated),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=0,
-    )
+    if config.get("split_update", False):
+        # Two programs: gradients (one per batch shape) and the optimizer update (one for the
+        # run), so a new batch shape compiles the forward and backward only.
+        train_fn = SplitTrainFn(
+            jax.jit(
+                lambda p, b, w: step.grad_step(p, b, graphdef=graphdef, **loss_args, **w),
+                in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
+                out_shardings=(state_shardings.params, replicated),
+            ),
+            jax.jit(
+                functools.partial(step.apply_update, optimizer=optimizer, schedule=schedule),
+                in_shardings=(state_shardings, state_shardings.params, replicated),
+                out_shardings=(state_shardings, replicated),
+                # The state only: its outputs already take every buffer of the grads' shapes.
+                donate_argnums=0,
+            ),
+        )
+    else:
+        train_fn = jax.jit(
+            lambda s, b, w: step.train_step(
+                s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args, **w
+            ),
+            in_shardings=(state_shardings, sharding.batch_sharding(mesh), replicated),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        )
     eval_fn = jax.jit(
         lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
         in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
@@ -351,12 +383,22 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
                             process_rows=process_rows, lengths=lengths),
         )  # fmt: skip
-        programs = compile_ahead.StepPrograms(train_jit)
+        split = isinstance(train_jit, SplitTrainFn)
+        # Split: only the gradient half depends on the batch shape, so it is the one built ahead.
+        programs = compile_ahead.StepPrograms(train_jit.grad if split else train_jit)
         programs.start(
             ((batch_fn.geometry(i), i) for i in range(start, steps)),
-            lambda i: (abstract, sharding.to_global(batch_fn(i), mesh), weights),
+            lambda i: (
+                abstract.params if split else abstract,
+                sharding.to_global(batch_fn(i), mesh),
+                weights,
+            ),
         )
-        train_fn = lambda s, b: programs(s, b, weights)  # noqa: E731
+        if split:
+            update = train_jit.update
+            train_fn = lambda s, b: update(s, *programs(s.params, b, weights))  # noqa: E731
+        else:
+            train_fn = lambda s, b: programs(s, b, weights)  # noqa: E731
     sigterm = SigtermFlag()
     try:
         summary = _loop(

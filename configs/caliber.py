@@ -127,6 +127,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Compile each batch shape's train-step program on a background thread before the step that
     # needs it (caliber_jax/compile_ahead.py); False compiles on first use, as plain jax.jit.
     config.compile_ahead = True
+    # The train step as two programs, gradients (one per batch shape) and the optimizer update
+    # (one per run), so each new batch shape compiles only the forward and backward. False: one
+    # program per shape, where XLA may overlap the update with the backward (accelerators).
+    config.split_update = False
 
     config.log_every = 50
     config.eval_every = 1000

@@ -55,6 +55,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # concurrent compile slowed the 100-step study epoch down (benchmarks/train_end_to_end.py on
     # 2 cores: 437.7 s with it, 417.8 s without; BENCHMARKS.md). It pays on GPUs and TPUs.
     config.compile_ahead = False
+    # A run packs batches of many row counts, each its own gradient program; the optimizer update
+    # (the same shapes every step) compiles once instead of inside each (BENCHMARKS.md).
+    config.split_update = True
     config.data.length_group_window = 1
     config.data.read_threads = 2
 

@@ -59,7 +59,9 @@ def make_optimizer(lr=1e-3):
     )  # fmt: skip
 
 
-def run_steps(devices, batches, *, lam=0.5):
+def run_steps(devices, batches, *, lam=0.5, split=False):
+    """Steps on `batches`: one jitted `train_step`, or (`split`) `grad_step` then `apply_update`
+    as two programs, as `train.py` runs them with `config.split_update`."""
     mesh = sharding.make_mesh(devices=devices)
     graphdef, params = make_model(0)
     optimizer = make_optimizer()
@@ -78,6 +80,22 @@ def run_steps(devices, batches, *, lam=0.5):
         out_shardings=(shardings, sharding.replicated(mesh)),
         donate_argnums=0,
     )  # fmt: skip
+    if split:
+        grad = jax.jit(
+            functools.partial(
+                step.grad_step, graphdef=graphdef, lam=lam, margin=0.05, reduction="batch"
+            ),
+            in_shardings=(shardings.params, sharding.batch_sharding(mesh)),
+            out_shardings=(shardings.params, sharding.replicated(mesh)),
+        )
+        update = jax.jit(
+            functools.partial(step.apply_update, optimizer=optimizer, schedule=schedule),
+            in_shardings=(shardings, shardings.params, sharding.replicated(mesh)),
+            out_shardings=(shardings, sharding.replicated(mesh)),
+            # The state only: its outputs already take every buffer of the grads' shapes.
+            donate_argnums=0,
+        )
+        train = lambda s, b: update(s, *grad(s.params, b))  # noqa: E731
     history = []
     for batch in batches:
         state, metrics = train(state, sharding.to_global(batch, mesh))
@@ -94,6 +112,19 @@ def test_eight_devices_equal_one_device():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     for m1, m8 in zip(hist_one, hist_eight, strict=True):
         np.testing.assert_allclose(m1["train/loss"], m8["train/loss"], rtol=1e-5)
+
+
+def test_split_update_equals_one_program():
+    """Gradients and optimizer update as two programs: the same params, metrics and step count."""
+    batches = [make_batch(s) for s in range(3)]
+    one, hist_one = run_steps(jax.devices(), batches)
+    two, hist_two = run_steps(jax.devices(), batches, split=True)
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    for m1, m2 in zip(hist_one, hist_two, strict=True):
+        assert m1.keys() == m2.keys()
+        for key in m1:
+            np.testing.assert_allclose(m1[key], m2[key], rtol=1e-5, atol=1e-7, err_msg=key)
 
 
 def test_batch_is_split_across_devices():

@@ -169,14 +169,17 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3], atol=1e-9)
 
 
-def test_compile_ahead_trains_the_same_params(data_dir, tmp_path):
-    """Programs built on the compile-ahead thread are the programs jit builds: same params."""
+@pytest.mark.parametrize("split", [True, False])
+def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
+    """Programs built on the compile-ahead thread are the programs jit builds: same params (for
+    the one-program step and for the split one, whose gradient half is built ahead)."""
     runs = {}
     for ahead in (True, False):
         workdir = tmp_path / f"ahead_{ahead}"
         # About one sequence per row, rounded up to the 8 test devices: 16 x and their pi(x)
         # fill 24 or 32 rows, so the run meets two step programs.
         result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
+                       f"--config.split_update={split}",
                        "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((workdir / "summary.json").read_text())
