@@ -72,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs per framework (alternating)")
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
+    parser.add_argument(
+        "--prepare-only", action="store_true",
+        help="make the (untimed) data folder and stop: e.g. while the machine is still busy",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -302,6 +306,9 @@ def main(argv=None) -> None:
     print(f"config={args.config} overrides={json.dumps(setup.overrides)}")
     start = time.perf_counter()
     data_dir = prepare_data(setup)
+    if args.prepare_only:
+        print(f"data={data_dir} (ready in {time.perf_counter() - start:.1f} s)")
+        return
     plan = epoch_plan(setup, data_dir)
     print(
         f"data={data_dir} (ready in {time.perf_counter() - start:.1f} s, not timed) "
