@@ -109,6 +109,28 @@ def test_calibrate_and_numeric_configs():
         calibrate.get_config("nope")
 
 
+def test_numeric_preset_trains_the_recorded_recipe_point(sweep):
+    """`study.py --preset numeric`'s "Numeric" student is configs/numeric.py as it stands, and the
+    sweep's recorded best point (`--grid structure`) is the same config: its overrides change
+    nothing in it. So the one-command preset retrains the point docs/numeric.md reports."""
+    import study
+
+    from configs import numeric
+
+    variants = dict(study.PRESETS["numeric"]["variants"])
+    assert study.PRESETS["numeric"]["config"] == "configs/numeric.py"
+    assert variants["Numeric"] == [] and study.PRESETS["numeric"]["overrides"] == []
+    (point,) = sweep.GRIDS["structure"]
+    config = numeric.get_config()
+    for flag in point.overrides():
+        key, value = flag.removeprefix("--config.").split("=")
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        assert node[leaf] == type(node[leaf])(value), (key, node[leaf], value)
+
+
 def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path):
     out, record = tmp_path / "out", tmp_path / "record"
     finished = out / "points" / "a.json"
