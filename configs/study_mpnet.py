@@ -8,7 +8,10 @@ Like the paper, a strong teacher (MPNet, 110M parameters, 768 dims, mean pooling
 the PyTorch backend) is distilled into a smaller *pretrained* embedder (MiniLM-L6, 22M, 384 dims)
 with a LEAF-style W_out 384 -> 768 (Xavier init, seeded). Variant `configs/study_mpnet.py:trunc384`
 drops W_out and aligns to the teacher truncated to 384 dims and re-normalised (mpnet is not
-MRL-trained). Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
+MRL-trained). Variant `configs/study_mpnet.py:numeric` trains with issue #16's best objective (the
+loss of `configs/numeric.py`: NumGap-aligned neighbour hinge + similarity preservation) on the same
+passages, each with its BM25 topical neighbour among the training passages (`data_nb`).
+Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.
 Runtime there: of the order of 10-15 hours for the whole study (resumable; minutes on a GPU).
@@ -17,7 +20,7 @@ Measured (docs/results.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM
 
 import ml_collections
 
-from configs import study
+from configs import numeric, study
 
 MPNET_DIR = "runs/models/all-mpnet-base-v2"  # written by scripts/fetch_mpnet.py
 
@@ -53,6 +56,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "trunc384":
         config.model.out_dim = None
         config.data.dir = "runs/study_mpnet/data_384"
+    elif arg == "numeric":
+        recipe = numeric.get_config()
+        config.loss = recipe.loss  # objective, lambda, margin, perturb and structure weights
+        config.prepare.neighbour_k = recipe.prepare.neighbour_k
+        config.data.dir = "runs/study_mpnet/data_nb"
     elif arg:
-        raise ValueError(f"configs/study_mpnet.py: unknown variant {arg!r} (known: trunc384)")
+        raise ValueError(
+            f"configs/study_mpnet.py: unknown variant {arg!r} (known: trunc384, numeric)"
+        )
     return config

@@ -50,8 +50,9 @@ RunFn = Callable[[str, list[str], dict[str, float]], None]
 slug = evaluate.slug
 
 
-def students(seeds: list[int]) -> list[tuple[str, str, float, int]]:
-    """(label, config variant, lambda, seed) in the order they train: seed 0's W_out pair first."""
+def students(seeds: list[int]) -> list[tuple[str, str, float | None, int]]:
+    """(label, config variant, lambda, seed) in the order they train: seed 0's W_out pair first,
+    then issue #16's objective (first seed only; its lambda is the variant's own, None here)."""
     runs = []
     for seed in seeds:
         for variant, suffix in (("", ""), ("trunc384", " t384")):
@@ -59,7 +60,29 @@ def students(seeds: list[int]) -> list[tuple[str, str, float, int]]:
                 (f"LEAF{suffix} s{seed}", variant, 0.0, seed),
                 (f"Caliber{suffix} s{seed}", variant, 0.5, seed),
             ]
+            if seed == seeds[0] and not variant:
+                runs.append((f"Numeric s{seed}", "numeric", None, seed))
     return runs
+
+
+def derive_neighbours(data: Path, data_nb: Path, *, k: int) -> None:
+    """The training passages with a BM25 topical neighbour each (`prepare.mine_neighbours`, over
+    the training passages only), for the `numeric` variant. The texts are the same, so the
+    teacher stores and the validation split are `data`'s own (linked, not re-encoded)."""
+    from caliber_jax import prepare
+    from caliber_jax.data import corpus
+
+    data_nb.mkdir(parents=True, exist_ok=True)
+    for name in ("val.jsonl", "teacher_train", "teacher_val"):
+        link = data_nb / name
+        if not link.exists() and (data / name).exists():
+            link.symlink_to(data / name)
+    if (data_nb / "train.jsonl").is_file():
+        return
+    records = corpus.load_jsonl(data / "train.jsonl")
+    neighbours = prepare.mine_neighbours([r["text"] for r in records], k=k)
+    rows = [{**r, "neighbour": n} for r, n in zip(records, neighbours, strict=True)]
+    corpus.save_jsonl(data_nb / "train.jsonl", rows)  # atomic: present means complete
 
 
 def write_initial(
@@ -132,7 +155,7 @@ def derive_truncated(
 def run_study(args, run_stage: RunFn) -> None:
     """The whole study; `run_stage(stage, argv, times)` runs one CLI stage as a subprocess."""
     out = Path(args.output or "runs/study_mpnet").resolve()
-    data, data_384 = out / "data", out / "data_384"
+    data, data_384, data_nb = out / "data", out / "data_384", out / "data_nb"
     common = [f"--config.prepare.input={Path(args.filings).resolve()}"] if args.filings else []
     config_args = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}", *common]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -231,16 +254,21 @@ def run_study(args, run_stage: RunFn) -> None:
     if pending:
         run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
         save()
-    if any(variant for _, variant, _, _ in pending):
+    variants = {variant for _, variant, _, _ in pending}
+    if "trunc384" in variants:
         derive_truncated(data, data_384, run, common, times)
+    if "numeric" in variants:
+        k = study_mpnet.get_config("numeric").prepare.neighbour_k
+        derive_neighbours(data, data_nb, k=k)
+    data_dirs = {"": data, "trunc384": data_384, "numeric": data_nb}
     for label, variant, lam, seed in students(seeds):
         workdir = out / slug(label)
         config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
         train_args = [
             config,
-            f"--config.data.dir={data_384 if variant else data}",
+            f"--config.data.dir={data_dirs[variant]}",
             *common,
-            f"--config.loss.lam={lam}",
+            *([f"--config.loss.lam={lam}"] if lam is not None else []),
             f"--config.seed={seed}",
             f"--workdir={workdir}",
         ]

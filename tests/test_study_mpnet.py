@@ -76,6 +76,51 @@ def test_truncated_stores_are_the_768_stores_cut_and_renormalised(tmp_path):
     assert again == {}
 
 
+def test_neighbour_passages_are_mined_from_training_texts_and_share_the_stores(tmp_path):
+    from caliber_jax import prepare
+    from caliber_jax.data import pipeline
+
+    data, data_nb = tmp_path / "data", tmp_path / "data_nb"
+    (data / "teacher_train" / "x").mkdir(parents=True)
+    (data / "teacher_val").mkdir()
+    topics = ["revenue grew in the quarter", "operating cash flow declined", "dividends paid"]
+    texts = [
+        f"{topics[i % 3]} by {i + 3}.{i} million dollars in fiscal {2000 + i}" for i in range(9)
+    ]
+    records = [{"id": f"d:{i}", "text": t, "perturbed": None} for i, t in enumerate(texts)]
+    corpus.save_jsonl(data / "train.jsonl", records)
+    corpus.save_jsonl(data / "val.jsonl", records[:2])
+    study_mpnet.derive_neighbours(data, data_nb, k=4)
+    written = corpus.load_jsonl(data_nb / "train.jsonl")
+    expected = prepare.mine_neighbours(texts, k=4)
+    assert [r["neighbour"] for r in written] == expected
+    assert [{k: v for k, v in r.items() if k != "neighbour"} for r in written] == records
+    # Same topic (every third passage), never itself; what the train loader reads back.
+    found = pipeline.load_neighbours(data_nb / "train.jsonl")
+    assert all(n == -1 or (n != i and n % 3 == i % 3) for i, n in enumerate(found))
+    assert (found >= 0).sum() >= 6
+    for name in ("val.jsonl", "teacher_train", "teacher_val"):
+        assert (data_nb / name).resolve() == (data / name).resolve()
+    # Done: a rerun keeps the file as it is.
+    before = (data_nb / "train.jsonl").stat().st_mtime_ns
+    study_mpnet.derive_neighbours(data, data_nb, k=4)
+    assert (data_nb / "train.jsonl").stat().st_mtime_ns == before
+
+
+def test_numeric_variant_takes_the_numeric_recipe_loss():
+    from configs import numeric
+    from configs import study_mpnet as config_module
+
+    config = config_module.get_config("numeric")
+    assert config.loss.to_dict() == numeric.get_config().loss.to_dict()
+    assert config.model.out_dim == 768 and config.data.dir.endswith("data_nb")
+    assert config.prepare.neighbour_k > 0
+    assert [label for label, *_ in study_mpnet.students([0, 1])][:4] == [
+        "LEAF s0", "Caliber s0", "Numeric s0", "LEAF t384 s0",
+    ]  # fmt: skip
+    assert sum(label.startswith("Numeric") for label, *_ in study_mpnet.students([0, 1])) == 1
+
+
 def test_initial_student_is_minilm_with_the_seeded_w_out(minilm_dir, tmp_path):
     from caliber_jax.models import embedding
 
@@ -107,8 +152,14 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
             "teacher vectors 384", [], times)
     )  # fmt: skip
     monkeypatch.setattr(
+        study_mpnet, "derive_neighbours", lambda data, data_nb, k: data_nb.mkdir(parents=True)
+    )
+    monkeypatch.setattr(
         study_mpnet.study_mpnet, "get_config",
-        lambda: type("C", (), {"model": type("M", (), {"init_dir": str(minilm_dir)})})(),
+        lambda variant=None: type("C", (), {
+            "model": type("M", (), {"init_dir": str(minilm_dir)}),
+            "prepare": type("P", (), {"neighbour_k": 10}),
+        })(),
     )  # fmt: skip
 
     def fake_stage(calls):
@@ -135,7 +186,12 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     assert (
         "teacher vectors" in first and "train LEAF s0" in first and "train Caliber t384 s0" in first
     )
-    assert sum(stage.startswith("evaluate") for stage in first) == 2 * 3 + 2 + 4 * 3
+    assert (
+        first.index("train Caliber s0")
+        < first.index("train Numeric s0")
+        < first.index("train LEAF t384 s0")
+    )
+    assert sum(stage.startswith("evaluate") for stage in first) == 2 * 3 + 2 + 5 * 3
     recorded = sorted(p.relative_to(record).as_posix() for p in record.rglob("*.json"))
     assert "results/Caliber_t384_s0/asymmetric.json" in recorded and "study.json" in recorded
 
@@ -145,4 +201,5 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
     state = json.loads((tmp_path / "fresh" / "study.json").read_text())
     assert set(state["results"]) == {"Initial s0", "Initial t384 s0", "Teacher", "LEAF s0",
-                                     "Caliber s0", "LEAF t384 s0", "Caliber t384 s0"}  # fmt: skip
+                                     "Caliber s0", "Numeric s0", "LEAF t384 s0",
+                                     "Caliber t384 s0"}  # fmt: skip
