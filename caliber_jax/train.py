@@ -394,11 +394,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                 weights,
             ),
         )
-        if split:
-            update = train_jit.update
-            train_fn = lambda s, b: update(s, *programs(s.params, b, weights))  # noqa: E731
-        else:
-            train_fn = lambda s, b: programs(s, b, weights)  # noqa: E731
+        step_fn = SplitTrainFn(programs, train_jit.update) if split else programs
+        train_fn = lambda s, b: step_fn(s, b, weights)  # noqa: E731
     sigterm = SigtermFlag()
     try:
         summary = _loop(
