@@ -10,8 +10,9 @@ sentence-transformers modules (pooling, Dense W_out when present, Normalize), so
 
 `--interpolate alpha` writes (1 - alpha) * initial + alpha * trained weights instead (weight-space
 ensembling, "WiSE-FT", Wortsman et al. 2022): the initial student is what `train.py` starts from
-(`config.model.init_dir`, W_out from `config.seed`), so with a student calibrating itself alpha
-trades the trained numeric separation against the teacher's retrieval without retraining.
+(`config.model.init_dir`, W_out from `config.seed` or its least-squares fit), so with a student
+calibrating itself alpha trades the trained numeric separation against the teacher's retrieval
+without retraining.
 """
 
 import json
@@ -24,7 +25,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from caliber_jax import checkpoint, cli, paths, tokenization
+from caliber_jax import checkpoint, cli, paths, tokenization, w_out_init
 from caliber_jax.models import embedding, hf
 
 
@@ -53,6 +54,9 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     flat = embedding.params_to_flat(params)
     if interpolate is not None:
         initial = embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
+        fitted = workdir / w_out_init.FILE  # a least-squares start (model.w_out_init="lstsq")
+        if fitted.exists():
+            initial.update(w_out_init.load(fitted))
         flat = interpolate_params(initial, flat, interpolate)
     tokenizer = tokenization.load_tokenizer(model.tokenizer_dir or model.init_dir)
     # Tensors the encoder never uses (BERT's pooler) go out as they came in, so AutoModel

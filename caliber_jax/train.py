@@ -27,9 +27,19 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from caliber_jax import checkpoint, cli, compile_ahead, optim, paths, sharding, step, tokenization
+from caliber_jax import (
+    checkpoint,
+    cli,
+    compile_ahead,
+    optim,
+    paths,
+    sharding,
+    step,
+    tokenization,
+    w_out_init,
+)
 from caliber_jax.data import pipeline
-from caliber_jax.embedder import resolve_dtype
+from caliber_jax.embedder import Embedder, resolve_dtype
 from caliber_jax.models import embedding
 
 
@@ -154,6 +164,52 @@ def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec,
     return spec, embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
 
 
+def start_w_out(
+    config: ml_collections.ConfigDict,
+    spec: embedding.ModelSpec,
+    flat: dict[str, Any],
+    workdir: epath.Path,
+    source: pipeline.TrainSource,
+) -> dict[str, Any]:
+    """`flat` with W_out's starting value (`config.model.w_out_init`).
+
+    "lstsq" fits a new W_out on the training passages once and keeps it in the workdir
+    (`w_out_init.FILE`), so a resumed run and `export --interpolate` use the same start.
+    """
+    model = config.model
+    if model.w_out_init not in w_out_init.METHODS:
+        raise ValueError(
+            f"config.model.w_out_init={model.w_out_init!r}, expected one of {w_out_init.METHODS}"
+        )
+    if model.w_out_init == "xavier" or not embedding.has_new_w_out(model.init_dir, spec):
+        return flat
+    path = workdir / w_out_init.FILE
+    if path.exists():
+        return {**flat, **w_out_init.load(path)}
+    rows = np.arange(min(len(source), model.w_out_fit_rows))
+    texts, _ = source.read_texts(rows)
+    targets, _ = source.read_teacher(rows)
+    student = Embedder.from_pretrained(
+        model.init_dir,
+        pooling=model.pooling,
+        num_layers=model.num_layers,
+        tokenizer_dir=model.tokenizer_dir or None,
+        dtype=model.dtype,
+    )  # no out_dim: unit pooled vectors, what W_out sees up to scale
+    tensors, report = w_out_init.fit(
+        lambda batch: student.encode(
+            batch, batch_size=config.batch_size, max_length=config.data.max_length
+        ),
+        texts,
+        targets,
+        ridge=model.w_out_ridge,
+    )
+    if jax.process_index() == 0:
+        w_out_init.save(path, tensors, report)
+    print(f"[caliber_jax] W_out fitted by least squares: {json.dumps(report)}", file=sys.stderr)
+    return {**flat, **tensors}
+
+
 def total_steps(config: ml_collections.ConfigDict, num_rows: int) -> int:
     if config.total_steps:
         return config.total_steps
@@ -241,6 +297,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     )
 
     train_source = make_source(config, "train", dim)
+    flat = start_w_out(config, spec, flat, workdir, train_source)
     steps = total_steps(config, len(train_source))  # micro-batches
     # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
     accum = config.optim.accum_steps

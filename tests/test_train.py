@@ -221,3 +221,46 @@ def test_input_errors_are_one_line(data_dir, tmp_path):
     assert typo.stderr.strip().splitlines()[-1].startswith("error: flag --config.optim.lr=fast")
     shown = train(tmp_path / "nowhere", tmp_path / "run", "--traceback")
     assert shown.returncode != 0 and "Traceback" in shown.stderr
+
+
+def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
+    tmp_path_factory, tmp_path
+):
+    """model.w_out_init="lstsq": W_out (384 -> 128, teacher MRL-truncated to 128) is fitted once
+    before step 0, kept in the workdir, and `export --interpolate 0` writes exactly that start."""
+    from caliber_jax import w_out_init
+    from caliber_jax.models import hf
+
+    data = prepare_sample(tmp_path_factory.mktemp("data128"))
+    dim = ["--config.model.out_dim=128"]
+    result = run_module("caliber_jax.embed_teacher", f"--config.data.dir={data}",
+                        "--config.teacher.max_length=48", *dim)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = {}
+    for init in ("xavier", "lstsq"):
+        result = train(data, tmp_path / init, *dim, f"--config.model.w_out_init={init}",
+                       "--config.total_steps=1")  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = (tmp_path / init / "metrics.jsonl").read_text().splitlines()
+        first[init] = next(json.loads(line) for line in lines if "train/loss" in line)
+    fitted = tmp_path / "lstsq" / w_out_init.FILE
+    assert fitted.is_file() and not (tmp_path / "xavier" / w_out_init.FILE).exists()
+    report = w_out_init.read_report(fitted)
+    assert report["rows"] == 64 and report["heldout_rows"] == 6
+    assert "W_out fitted by least squares" in result.stderr
+    # A random projection starts at cos ~0 to the teacher (||s - t|| ~ sqrt 2); the fitted one
+    # points at it on the passages it was fitted on.
+    assert first["xavier"]["train/align_x"] > 1.2
+    assert first["lstsq"]["train/align_x"] < 0.5 * first["xavier"]["train/align_x"], first
+
+    out = tmp_path / "blend0"
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.export", f"--workdir={tmp_path / 'lstsq'}",
+         f"--output={out}", "--interpolate=0"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    dense = hf.read_safetensors(out / "2_Dense")
+    np.testing.assert_allclose(
+        dense["linear.weight"], w_out_init.load(fitted)["dense.kernel"].T, atol=1e-7
+    )

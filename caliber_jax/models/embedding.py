@@ -199,6 +199,14 @@ def abstract_model(
     )
 
 
+def has_new_w_out(model_dir: str | Path, spec: ModelSpec) -> bool:
+    """True when `spec` has a W_out that `model_dir` does not hold (it starts from an init)."""
+    return (
+        spec.out_dim is not None
+        and not (Path(model_dir) / DENSE_DIR / "model.safetensors").is_file()
+    )
+
+
 def load_flat_params(
     model_dir: str | Path, spec: ModelSpec, *, seed: int = 0
 ) -> dict[str, np.ndarray]:
@@ -216,7 +224,7 @@ def load_flat_params(
     if spec.out_dim is None:
         return flat
     width = spec.config.width
-    if (model_dir / DENSE_DIR / "model.safetensors").is_file():
+    if not has_new_w_out(model_dir, spec):
         dense = hf.read_safetensors(model_dir / DENSE_DIR)
         for name, shape in (
             ("linear.weight", (spec.out_dim, width)),

@@ -1,0 +1,112 @@
+"""W_out's starting value: Xavier (LEAF's) or a least-squares fit to the teacher (linear probe).
+
+A new W_out (student width d -> teacher dim D) starts random, so the first steps of distillation
+push gradients through a projection that scrambles the pretrained student's features (LP-FT,
+Kumar et al. 2022: fit the head first, then fine-tune). `"lstsq"` fits W_out once, before training,
+by ridge regression from the student's unit pooled vectors of training passages onto their
+teacher vectors, with zero bias; training then starts from the best linear map instead.
+"""
+
+import json
+import struct
+
+import numpy as np
+from etils import epath
+from safetensors import numpy as safetensors_numpy
+
+FILE = "w_out_init.safetensors"
+METHODS = ("xavier", "lstsq")
+
+
+def ridge_projection(features_nd: np.ndarray, targets_nk: np.ndarray, ridge: float) -> np.ndarray:
+    """argmin_W ||F W - T||^2 + ridge * N * ||W||^2: the [d, D] kernel, float32.
+
+    Args:
+      features_nd: [N, d] student pooled vectors (the inputs W_out sees).
+      targets_nk: [N, D] teacher vectors.
+      ridge: penalty per row (scaled by N, so it does not shrink as rows are added).
+    """
+    features = np.asarray(features_nd, np.float64)
+    targets = np.asarray(targets_nk, np.float64)
+    if features.ndim != 2 or targets.ndim != 2 or len(features) != len(targets):
+        raise ValueError(
+            f"ridge_projection: features {features.shape} and targets {targets.shape} must be "
+            "[N, d] and [N, D] with the same N"
+        )
+    if ridge < 0:
+        raise ValueError(f"ridge_projection: ridge must be >= 0, got {ridge}")
+    n, d = features.shape
+    gram = features.T @ features + ridge * n * np.eye(d)
+    return np.linalg.solve(gram, features.T @ targets).astype(np.float32)
+
+
+def mean_cosine(features_nd: np.ndarray, kernel_dk: np.ndarray, targets_nk: np.ndarray) -> float:
+    """Mean cos(F_i W, T_i): how well the projection points at the teacher (1 = exactly)."""
+    projected = np.asarray(features_nd, np.float64) @ np.asarray(kernel_dk, np.float64)
+    projected /= np.maximum(np.linalg.norm(projected, axis=1, keepdims=True), 1e-12)
+    targets = np.asarray(targets_nk, np.float64)
+    targets = targets / np.maximum(np.linalg.norm(targets, axis=1, keepdims=True), 1e-12)
+    return float(np.mean(np.sum(projected * targets, axis=1)))
+
+
+def fit(
+    encode_fn,
+    texts: list[str],
+    targets_nk: np.ndarray,
+    *,
+    ridge: float,
+    held_out: float = 0.1,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Fits W_out on `texts` -> `targets_nk`; returns ({dense.kernel, dense.bias}, report).
+
+    `encode_fn(texts) -> [N, d]` gives the student's unit pooled vectors (before W_out). The last
+    `held_out` share of the rows only scores the fit (`report["heldout_cos"]`); the kernel is then
+    refitted on all rows. Unit features are enough: with zero bias, normalize(W p) does not depend
+    on |p|.
+    """
+    if len(texts) != len(targets_nk):
+        raise ValueError(f"w_out_init.fit: {len(texts)} texts but {len(targets_nk)} targets")
+    if len(texts) < 2:
+        raise ValueError(f"w_out_init.fit: needs at least 2 passages, got {len(texts)}")
+    features = np.asarray(encode_fn(list(texts)), np.float32)
+    targets = np.asarray(targets_nk, np.float32)
+    split = len(texts) - max(1, int(round(held_out * len(texts))))
+    partial = ridge_projection(features[:split], targets[:split], ridge)
+    kernel = ridge_projection(features, targets, ridge)
+    report = {
+        "rows": len(texts),
+        "ridge": float(ridge),
+        "heldout_rows": len(texts) - split,
+        "heldout_cos": mean_cosine(features[split:], partial, targets[split:]),
+        "train_cos": mean_cosine(features, kernel, targets),
+    }
+    bias = np.zeros((kernel.shape[1],), np.float32)
+    return {"dense.kernel": kernel, "dense.bias": bias}, report
+
+
+def save(path: epath.PathLike, tensors: dict[str, np.ndarray], report: dict[str, float]) -> None:
+    """Writes the fitted W_out (and the fit's report as metadata) atomically."""
+    path = epath.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"report": json.dumps(report)}
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_bytes(safetensors_numpy.save(tensors, metadata=metadata))
+    tmp.rename(path)
+
+
+def load(path: epath.PathLike) -> dict[str, np.ndarray]:
+    """Reads a W_out written by `save`."""
+    path = epath.Path(path)
+    tensors = safetensors_numpy.load(path.read_bytes())
+    missing = {"dense.kernel", "dense.bias"} - set(tensors)
+    if missing:
+        raise ValueError(f"{path}: missing tensors {sorted(missing)}")
+    return tensors
+
+
+def read_report(path: epath.PathLike) -> dict[str, float]:
+    """The fit's report stored by `save` (safetensors header metadata)."""
+    data = epath.Path(path).read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    return json.loads(header.get("__metadata__", {}).get("report", "{}"))
