@@ -6,15 +6,17 @@
 
 Like the paper, a strong teacher (MPNet, 110M parameters, 768 dims, mean pooling, encoded through
 the PyTorch backend) is distilled into a smaller *pretrained* embedder (MiniLM-L6, 22M, 384 dims)
-with a LEAF-style W_out 384 -> 768 (Xavier init, seeded). Variant `configs/study_mpnet.py:trunc384`
-drops W_out and aligns to the teacher truncated to 384 dims and re-normalised (mpnet is not
+with a LEAF-style W_out 384 -> 768, started as the least-squares map from the student's pooled
+vectors to the teacher's (`model.w_out_init = "lstsq"`; variant `xavier`: LEAF's random start).
+Variant `configs/study_mpnet.py:trunc384` drops W_out and aligns to the teacher truncated to 384 dims and re-normalised (mpnet is not
 MRL-trained). Variant `configs/study_mpnet.py:numeric` trains with issue #16's best objective (the
 loss of `configs/numeric.py`: NumGap-aligned neighbour hinge + similarity preservation) on the same
 passages, each with its BM25 topical neighbour among the training passages (`data_nb`).
 Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.
-Runtime there: of the order of 10-15 hours for the whole study (resumable; minutes on a GPU).
+Runtime there: ~45 minutes per student, 7-8 hours for the whole study (resumable, recorded in
+docs/study_mpnet/ across machines; minutes on a GPU).
 Measured (docs/results.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM + W_out) 0.5507.
 """
 
@@ -44,6 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model.num_layers = None  # the full pretrained student, as in the paper
     config.model.out_dim = 768  # LEAF's W_out: student 384 -> teacher 768
+    # W_out starts as the least-squares map to the teacher (fitted on the training passages before
+    # step 0): from a random W_out, LEAF lost 0.21 nDCG@10 in 500 steps (variant `xavier`).
+    config.model.w_out_init = "lstsq"
     config.model.dtype = "float32"
 
     config.num_epochs = 4.0
@@ -53,7 +58,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_every = 100
     config.checkpoint_every = 25
     config.keep_checkpoints = 2
-    if arg == "trunc384":
+    if arg == "xavier":
+        config.model.w_out_init = "xavier"  # LEAF's random start (session 8's LEAF s0)
+    elif arg == "trunc384":
         config.model.out_dim = None
         config.data.dir = "runs/study_mpnet/data_384"
     elif arg == "numeric":
@@ -63,6 +70,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.data.dir = "runs/study_mpnet/data_nb"
     elif arg:
         raise ValueError(
-            f"configs/study_mpnet.py: unknown variant {arg!r} (known: trunc384, numeric)"
+            f"configs/study_mpnet.py: unknown variant {arg!r} (known: xavier, trunc384, numeric)"
         )
     return config

@@ -51,18 +51,21 @@ slug = evaluate.slug
 
 
 def students(seeds: list[int]) -> list[tuple[str, str, float | None, int]]:
-    """(label, config variant, lambda, seed) in the order they train: seed 0's W_out pair first,
-    then issue #16's objective (first seed only; its lambda is the variant's own, None here)."""
-    runs = []
-    for seed in seeds:
-        for variant, suffix in (("", ""), ("trunc384", " t384")):
-            runs += [
-                (f"LEAF{suffix} s{seed}", variant, 0.0, seed),
-                (f"Caliber{suffix} s{seed}", variant, 0.5, seed),
-            ]
-            if seed == seeds[0] and not variant:
-                runs.append((f"Numeric s{seed}", "numeric", None, seed))
-    return runs
+    """(label, config variant, lambda, seed) in the order they train.
+
+    The main pair, LEAF and Caliber from the least-squares W_out ("lp"), for every seed, the first
+    seed's first; then, for the first seed only, issue #16's objective (its lambda is the
+    variant's own, None here), the pair aligned to the teacher cut to 384 dims, and LEAF from a
+    random W_out (session 8's run, recorded).
+    """
+    first = seeds[0]
+    runs = [(f"LEAF lp s{first}", "", 0.0, first), (f"Caliber lp s{first}", "", 0.5, first),
+            (f"Numeric lp s{first}", "numeric", None, first),
+            (f"LEAF t384 s{first}", "trunc384", 0.0, first),
+            (f"Caliber t384 s{first}", "trunc384", 0.5, first)]  # fmt: skip
+    for seed in seeds[1:]:
+        runs += [(f"LEAF lp s{seed}", "", 0.0, seed), (f"Caliber lp s{seed}", "", 0.5, seed)]
+    return [*runs, (f"LEAF s{first}", "xavier", 0.0, first)]
 
 
 def derive_neighbours(data: Path, data_nb: Path, *, k: int) -> None:
@@ -260,7 +263,10 @@ def run_study(args, run_stage: RunFn) -> None:
     if "numeric" in variants:
         k = study_mpnet.get_config("numeric").prepare.neighbour_k
         derive_neighbours(data, data_nb, k=k)
-    data_dirs = {"": data, "trunc384": data_384, "numeric": data_nb}
+    data_dirs = {"": data, "xavier": data, "trunc384": data_384, "numeric": data_nb}
+    # The untrained student with the least-squares W_out: the first lp student's start, exported
+    # from its workdir with `--interpolate 0` (the fit is the same for every seed and objective).
+    initial_lp = f"Initial lp s{seeds[0]}"
     for label, variant, lam, seed in students(seeds):
         workdir = out / slug(label)
         config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
@@ -285,6 +291,17 @@ def run_study(args, run_stage: RunFn) -> None:
         if summary.is_file():
             results[label]["train_summary"] = json.loads(summary.read_text())
             save()
+        if label == f"LEAF lp s{seeds[0]}":
+            start_dir = out / slug(initial_lp) / "hf"
+            if not finished(initial_lp):
+                run(
+                    f"export {initial_lp}",
+                    ["-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={start_dir}",
+                     "--interpolate=0"],
+                    times,
+                )  # fmt: skip
+            for tasks in TASKS_STUDENT:
+                evaluate_model(initial_lp, ["--model", str(start_dir), *teacher_args], tasks)
     figures = plots.plot_all(results, out / "figures")
     print((out / "study.md").read_text())
     print("figures: " + ", ".join(str(f) for f in figures))

@@ -115,10 +115,22 @@ def test_numeric_variant_takes_the_numeric_recipe_loss():
     assert config.loss.to_dict() == numeric.get_config().loss.to_dict()
     assert config.model.out_dim == 768 and config.data.dir.endswith("data_nb")
     assert config.prepare.neighbour_k > 0
-    assert [label for label, *_ in study_mpnet.students([0, 1])][:4] == [
-        "LEAF s0", "Caliber s0", "Numeric s0", "LEAF t384 s0",
+    runs = study_mpnet.students([0, 1])
+    assert [label for label, *_ in runs] == [
+        "LEAF lp s0", "Caliber lp s0", "Numeric lp s0", "LEAF t384 s0", "Caliber t384 s0",
+        "LEAF lp s1", "Caliber lp s1", "LEAF s0",
     ]  # fmt: skip
-    assert sum(label.startswith("Numeric") for label, *_ in study_mpnet.students([0, 1])) == 1
+    assert runs[-1] == ("LEAF s0", "xavier", 0.0, 0)  # session 8's random-W_out run
+
+
+def test_w_out_starts_least_squares_except_in_the_xavier_variant():
+    from configs import study_mpnet as config_module
+
+    assert config_module.get_config().model.w_out_init == "lstsq"
+    assert config_module.get_config("numeric").model.w_out_init == "lstsq"
+    xavier = config_module.get_config("xavier")
+    assert xavier.model.w_out_init == "xavier" and xavier.model.out_dim == 768
+    assert config_module.get_config("trunc384").model.out_dim is None
 
 
 def test_initial_student_is_minilm_with_the_seeded_w_out(minilm_dir, tmp_path):
@@ -162,9 +174,12 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
         })(),
     )  # fmt: skip
 
+    calls_argv: dict[str, list[str]] = {}
+
     def fake_stage(calls):
         def run_stage(stage, argv, times):
             calls.append(stage)
+            calls_argv[stage] = argv
             options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
             if stage == "prepare":
                 data = Path(options["--config.data.dir"])
@@ -183,15 +198,20 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
                               financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
     first: list[str] = []
     study_mpnet.run_study(args, fake_stage(first))
+    assert "teacher vectors" in first and "train Caliber t384 s0" in first
     assert (
-        "teacher vectors" in first and "train LEAF s0" in first and "train Caliber t384 s0" in first
-    )
-    assert (
-        first.index("train Caliber s0")
-        < first.index("train Numeric s0")
+        first.index("train LEAF lp s0")
+        < first.index("export Initial lp s0")  # the fitted start, evaluated as its own model
+        < first.index("evaluate Initial lp s0 (asymmetric)")
+        < first.index("train Caliber lp s0")
+        < first.index("train Numeric lp s0")
         < first.index("train LEAF t384 s0")
+        < first.index("train LEAF s0")
     )
-    assert sum(stage.startswith("evaluate") for stage in first) == 2 * 3 + 2 + 5 * 3
+    export = [a for a in calls_argv["export Initial lp s0"] if a.startswith("--")]
+    assert "--interpolate=0" in export and any(a.endswith("LEAF_lp_s0") for a in export)
+    # untrained (2 students x 3 groups + teacher x 2), 6 trained students and Initial lp x 3
+    assert sum(stage.startswith("evaluate") for stage in first) == 2 * 3 + 2 + 6 * 3 + 3
     recorded = sorted(p.relative_to(record).as_posix() for p in record.rglob("*.json"))
     assert "results/Caliber_t384_s0/asymmetric.json" in recorded and "study.json" in recorded
 
@@ -201,5 +221,6 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
     state = json.loads((tmp_path / "fresh" / "study.json").read_text())
     assert set(state["results"]) == {"Initial s0", "Initial t384 s0", "Teacher", "LEAF s0",
-                                     "Caliber s0", "Numeric s0", "LEAF t384 s0",
+                                     "Initial lp s0", "LEAF lp s0", "Caliber lp s0",
+                                     "Numeric lp s0", "LEAF t384 s0",
                                      "Caliber t384 s0"}  # fmt: skip
