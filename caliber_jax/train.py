@@ -255,6 +255,10 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
     return out
 
 
+# sysexits.h EX_TEMPFAIL: stopped by SIGTERM (preemption) with a checkpoint; rerun to resume.
+EXIT_PREEMPTED = 75
+
+
 class SigtermFlag:
     """SIGTERM (preemption) -> checkpoint and stop, at the same step on every process.
 
@@ -513,6 +517,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 break
     bar.close()
     last["step"] = step_num
+    last["preempted"] = float(step_num < steps)
     last.update(compile_summary(len(shapes), ahead=programs.compiled_ahead if programs else 0))
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
@@ -602,6 +607,14 @@ def main(argv) -> None:
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     maybe_initialize_distributed(config.multihost)
     summary = train(config, workdir)
+    if summary["preempted"]:
+        # Not finished: no summary.json, and a status that stops `train && export` pipelines.
+        print(
+            f"[caliber_jax] stopped by SIGTERM at step {int(summary['step'])}, checkpoint saved; "
+            "the same command resumes it",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_PREEMPTED)
     if jax.process_index() == 0:
         (paths.as_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2))
 
