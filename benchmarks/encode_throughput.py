@@ -192,10 +192,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     # What every entry point does first (`cli.run`): freed host memory stays mapped.
     retained = args.host_malloc == "retain" and hostmem.retain_freed_memory()
-    print(f"host_malloc={'retain' if retained else 'default'}")
     if args.compile_cache:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
     print(f"cpu={common.cpu_description()}")
+    print(f"host_malloc={'retain' if retained else 'default'}")
     print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     clock = time.perf_counter()
     spec, model, make_torch, tokenizer = build_models(args)

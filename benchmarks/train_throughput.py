@@ -518,8 +518,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     # What every entry point does first (`cli.run`): freed host memory stays mapped.
     retained = args.host_malloc == "retain" and hostmem.retain_freed_memory()
-    print(f"host_malloc={'retain' if retained else 'default'}")
     print(f"cpu={common.cpu_description()}")
+    print(f"host_malloc={'retain' if retained else 'default'}")
     print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     if args.compile_cache:
         # Later runs skip XLA compilation; timed steps never include it either way.

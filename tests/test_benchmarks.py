@@ -194,6 +194,7 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     )  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("cpu=") and "flags:" in lines[0]
+    assert lines[1] in ("host_malloc=retain", "host_malloc=default")
     assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
     values = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
     for name in ("jax", "torch"):
