@@ -37,7 +37,8 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
         "--config.prepare.heldout_fraction=0.34 "
         "--config.prepare.numgap_quotas_test={'magnitude':4,'polarity':4} "
         "--config.prepare.numgap_quotas_dev={'magnitude':2} --config.batch_size=8 "
-        "--config.data.max_length=64 --config.teacher.max_length=64 --config.total_steps=2"
+        "--config.data.max_length=64 --config.teacher.max_length=64 --config.total_steps=2 "
+        "--config.model.num_layers=1"
     )
     result = subprocess.run(
         [sys.executable, "scripts/study.py", "--preset", "numeric", "--output", str(out),
