@@ -4,6 +4,7 @@ FLOP counts, peak FLOP/s, and the PyTorch reference models built from the same w
 Legend: B batch, T tokens, D model width, L layers, N query heads, H head dim.
 """
 
+import argparse
 import dataclasses
 import importlib.util
 import itertools
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from caliber_jax import hostmem
 from caliber_jax.data import corpus, perturb, pipeline, teacher
 from caliber_jax.models import embedding, hf, qwen3
 
@@ -73,6 +75,21 @@ def load_config(path: str | os.PathLike):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.get_config()
+
+
+def add_host_malloc_flag(parser: argparse.ArgumentParser) -> None:
+    """`--host-malloc retain|default`: the benchmarks' switch for `hostmem.retain_freed_memory`."""
+    parser.add_argument(
+        "--host-malloc", choices=("retain", "default"), default="retain",
+        help="'retain': glibc keeps freed memory mapped, as the entry points set it "
+        "(caliber_jax/hostmem.py); 'default': glibc's own behaviour",
+    )  # fmt: skip
+
+
+def apply_host_malloc(mode: str) -> str:
+    """What every entry point does first (`cli.run`) when `mode` is 'retain'; returns the setting
+    in effect ('retain' only where glibc accepted it), for the benchmark's `host_malloc=` line."""
+    return "retain" if mode == "retain" and hostmem.retain_freed_memory() else "default"
 
 
 def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:

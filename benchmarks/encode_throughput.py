@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import embedder, hostmem, tokenization  # noqa: E402
+from caliber_jax import embedder, tokenization  # noqa: E402
 from caliber_jax.data import padding  # noqa: E402
 from caliber_jax.models import embedding, hf  # noqa: E402
 
@@ -86,11 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(its fused cuDNN kernel with sequence lengths; GPU + bf16 only)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--host-malloc", choices=("retain", "default"), default="retain",
-        help="'retain': glibc keeps freed memory mapped, as the entry points set it "
-        "(caliber_jax/hostmem.py); 'default': glibc's own behaviour",
-    )  # fmt: skip
+    common.add_host_malloc_flag(parser)
     args = parser.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:
@@ -190,12 +186,11 @@ class JaxEncoder:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    # What every entry point does first (`cli.run`): freed host memory stays mapped.
-    retained = args.host_malloc == "retain" and hostmem.retain_freed_memory()
+    host_malloc = common.apply_host_malloc(args.host_malloc)
     if args.compile_cache:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
     print(f"cpu={common.cpu_description()}")
-    print(f"host_malloc={'retain' if retained else 'default'}")
+    print(f"host_malloc={host_malloc}")
     print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     clock = time.perf_counter()
     spec, model, make_torch, tokenizer = build_models(args)

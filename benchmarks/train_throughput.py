@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common, torch_reference  # noqa: E402
-from caliber_jax import hostmem, optim, step, tokenization  # noqa: E402
+from caliber_jax import optim, step, tokenization  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 from caliber_jax.models import embedding  # noqa: E402
 
@@ -143,11 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(its fused cuDNN kernel with sequence lengths; GPU + bf16 only)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--host-malloc", choices=("retain", "default"), default="retain",
-        help="'retain': glibc keeps freed memory mapped, as the entry points set it "
-        "(caliber_jax/hostmem.py); 'default': glibc's own behaviour",
-    )  # fmt: skip
+    common.add_host_malloc_flag(parser)
     args = parser.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:
@@ -516,10 +512,9 @@ def measure(
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    # What every entry point does first (`cli.run`): freed host memory stays mapped.
-    retained = args.host_malloc == "retain" and hostmem.retain_freed_memory()
+    host_malloc = common.apply_host_malloc(args.host_malloc)
     print(f"cpu={common.cpu_description()}")
-    print(f"host_malloc={'retain' if retained else 'default'}")
+    print(f"host_malloc={host_malloc}")
     print(f"load_average_1m={os.getloadavg()[0]:.2f}")
     if args.compile_cache:
         # Later runs skip XLA compilation; timed steps never include it either way.
