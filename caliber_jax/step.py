@@ -88,6 +88,18 @@ def loss_fn(
     batch: dict[str, jax.Array],
     *,
     graphdef: nnx.GraphDef,
+    **loss_args: Any,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective of one batch: `embed_pairs`, then `vectors_loss` (`loss_args` are its)."""
+    s_x, s_px = embed_pairs(graphdef, params, batch)
+    return vectors_loss(s_x, s_px, batch, **loss_args)
+
+
+def vectors_loss(
+    s_x: jax.Array,
+    s_px: jax.Array,
+    batch: dict[str, jax.Array],
+    *,
     lam: float,
     margin: float,
     reduction: str,
@@ -95,7 +107,11 @@ def loss_fn(
     perturb_weight: float = 1.0,
     structure_weight: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    s_x, s_px = embed_pairs(graphdef, params, batch)
+    """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
+
+    Eq. 4 (`losses.caliber_loss`), or with another `objective`, `perturb_weight` or
+    `structure_weight` the issue #16 objectives of `losses.calibration_loss`.
+    """
     if objective != "caliber" or perturb_weight != 1.0 or structure_weight:
         # Issue #16 objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
         return losses.calibration_loss(
@@ -126,6 +142,84 @@ def loss_fn(
         weights=batch["weight"],
         reduction=reduction,
     )
+
+
+# The arrays of the packed layout that hold token rows; `embed_chunk` takes a group of rows.
+PACKED_KEYS = ("packed_ids", "packed_slots", "packed_positions")
+
+
+def embed_chunk(
+    params: Any,
+    chunk: dict[str, jax.Array],
+    pooled_sd: jax.Array,
+    *,
+    graphdef: nnx.GraphDef,
+) -> tuple[jax.Array, Callable[[jax.Array], tuple[Any]]]:
+    """Adds one group of packed rows to the batch's pooled states and keeps its backward pass.
+
+    The chunked gradient step (`train.ChunkedGradFn`): the packed rows of a batch run through
+    the encoder in groups of a fixed size, so one program serves every row count. A sequence
+    lies in one row, so the batch's pooled states are the sum over groups (`pool_packed`), and
+    the gradient is the sum of each group's backward pass on the same cotangent.
+
+    Args:
+      chunk: `PACKED_KEYS`, [R, T] each.
+      pooled_sd: [S, D] the pooled states of the groups before this one (S = 2B slots).
+
+    Returns:
+      pooled_sd plus this group's, and the group's VJP: [S, D] cotangent -> (param grads,).
+    """
+
+    def pool(p: Any) -> jax.Array:
+        return nnx.merge(graphdef, p).pool_packed(
+            chunk["packed_ids"],
+            chunk["packed_slots"],
+            chunk["packed_positions"],
+            num_segments=pooled_sd.shape[0],
+        )
+
+    group_sd, vjp_fn = jax.vjp(pool, params)
+    return pooled_sd + group_sd, vjp_fn
+
+
+def head_gradients(
+    params: Any,
+    pooled_sd: jax.Array,
+    batch: dict[str, jax.Array],
+    *,
+    graphdef: nnx.GraphDef,
+    **loss_args: Any,
+) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
+    """The loss on a batch's pooled states (all groups summed, see `embed_chunk`).
+
+    Returns:
+      the head's param gradients (zeros elsewhere), the [S, D] cotangent of the pooled states
+      for the groups' VJPs, and the batch's `train/*` metrics but the gradient norm.
+    """
+
+    def objective(p: Any, pooled: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        vecs = nnx.merge(graphdef, p).head(pooled)
+        rows = batch["has_pert"].shape[0]
+        return vectors_loss(vecs[:rows], vecs[rows:], batch, **loss_args)
+
+    grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
+    (loss, parts), (grads, cotangent_sd) = grad_fn(params, pooled_sd)
+    metrics = {f"train/{k}": v for k, v in parts.items()}
+    metrics["train/loss"] = loss
+    return grads, cotangent_sd, metrics
+
+
+def add_chunk_gradients(
+    vjp_fn: Callable[[jax.Array], tuple[Any]], cotangent_sd: jax.Array, grads: Any
+) -> Any:
+    """`grads` plus one group's backward pass (`embed_chunk`'s VJP) on the pooled cotangent."""
+    (group,) = vjp_fn(cotangent_sd)
+    return jax.tree.map(jnp.add, grads, group)
+
+
+def with_grad_norm(grads: Any, metrics: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
+    """`grads` and `metrics` with `train/grad_norm` added (the end of the chunked step)."""
+    return grads, {**metrics, "train/grad_norm": optax.tree.norm(grads)}
 
 
 def _apply_gradients(

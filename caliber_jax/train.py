@@ -31,6 +31,7 @@ from caliber_jax import (
     checkpoint,
     cli,
     compile_ahead,
+    grad_chunks,
     optim,
     paths,
     sharding,
@@ -118,11 +119,22 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         else 0,
         bucket_growth=config.data.bucket_growth,
         pack_length=config.data.pack_length,
-        # Packed rows split evenly over this process's devices too.
-        pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
+        # Packed rows split evenly over this process's devices too, and into the chunked
+        # step's groups of rows.
+        pack_rows_multiple=math.lcm(
+            config.data.pack_rows_multiple,
+            jax.local_device_count(),
+            chunk_rows_per_process(config),
+        ),
         process_rows=process_rows,
         lengths=lengths,
     )
+
+
+def chunk_rows_per_process(config: ml_collections.ConfigDict) -> int:
+    """Packed rows per group of the chunked gradient step (1 when it is off): the config's
+    `grad_chunk_rows` rounded up to a multiple of this process's devices, which share each group."""
+    return math.lcm(config.get("grad_chunk_rows", 0) or 1, jax.local_device_count())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,11 +369,28 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
     replicated = sharding.replicated(mesh)
-    if config.get("split_update", False):
+    chunk_rows = config.get("grad_chunk_rows", 0) and chunk_rows_per_process(config)
+    if chunk_rows:
+        if not config.data.pack_length:
+            raise ValueError(
+                f"config.grad_chunk_rows={config.grad_chunk_rows}: groups of packed rows need "
+                "the packed layout (data.pack_length > 0), or set grad_chunk_rows=0"
+            )
+        grad_fn = grad_chunks.make_chunked_grad(
+            graphdef,
+            loss_args,
+            mesh=mesh,
+            params_shardings=state_shardings.params,
+            rows=chunk_rows,
+            pooled_shape=(2 * config.batch_size, spec.config.width),
+        )
+    if config.get("split_update", False) or chunk_rows:
         # Two programs: gradients (one per batch shape) and the optimizer update (one for the
         # run), so a new batch shape compiles the forward and backward only.
         train_fn = SplitTrainFn(
-            jax.jit(
+            grad_fn
+            if chunk_rows
+            else jax.jit(
                 lambda p, b, w: step.grad_step(p, b, graphdef=graphdef, **loss_args, **w),
                 in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
                 out_shardings=(state_shardings.params, replicated),
@@ -390,7 +419,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     )
     weights = jax.device_put(weights, replicated)
     train_jit, eval_jit = train_fn, eval_fn
-    train_fn = lambda s, b: train_jit(s, b, weights)  # noqa: E731
+    if chunk_rows:  # the chunked step places each group of rows itself
+        train_fn = lambda s, host_batch: train_jit(s, host_batch, weights)  # noqa: E731
+    else:
+        train_fn = lambda s, host_batch: train_jit(  # noqa: E731
+            s, sharding.to_global(host_batch, mesh), weights
+        )
     eval_fn = lambda p, b: eval_jit(p, b, weights)  # noqa: E731
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
@@ -437,7 +471,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         else None
     )
     programs = None
-    if config.get("compile_ahead", True):
+    if config.get("compile_ahead", True) and not chunk_rows:  # chunked: nothing left to build
         # The loader's step i batch, built again on the compile thread for each new shape.
         batch_fn = pipeline.make_batch_fn(
             train_source,
@@ -456,7 +490,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             ),
         )
         step_fn = SplitTrainFn(programs, train_jit.update) if split else programs
-        train_fn = lambda s, b: step_fn(s, b, weights)  # noqa: E731
+        train_fn = lambda s, host_batch: step_fn(  # noqa: E731
+            s, sharding.to_global(host_batch, mesh), weights
+        )
     sigterm = SigtermFlag()
     try:
         summary = _loop(
@@ -485,7 +521,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
             shapes.add(tuple((key, value.shape) for key, value in sorted(batch.items())))
-            state, metrics = train_fn(state, sharding.to_global(batch, mesh))
+            state, metrics = train_fn(state, batch)
             window_rows += int(np.sum(batch["weight"])) * jax.process_count()
             window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps

@@ -47,9 +47,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # long as the longest sequence, not longer: attention costs T^2 per row, and rows of 128 ran
     # 1.16x faster than rows of 256 here (BENCHMARKS.md).
     config.data.pack_length = 128
-    # Row counts rounded up to 4: few step programs to compile per run, and a step costs what its
-    # rows cost, so rounding to 8 cost ~15% of the demo's training time; larger runs use 2
-    # (configs/study.py).
+    # Row counts rounded up to 4 (the groups of `grad_chunk_rows` below): a step costs what its
+    # rows cost, so rounding to 8 cost ~15% of the demo's training time.
     config.data.pack_rows_multiple = 4
     # No compile-ahead thread on a small CPU: the step already keeps every core busy, and a
     # concurrent compile slowed the 100-step study epoch down (benchmarks/train_end_to_end.py on
@@ -58,6 +57,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # A run packs batches of many row counts, each its own gradient program; the optimizer update
     # (the same shapes every step) compiles once instead of inside each (BENCHMARKS.md).
     config.split_update = True
+    # ...and the gradient half runs the packed rows 4 at a time (train.py, grad_chunks.py): one
+    # set of programs whatever a batch's row count, where the epoch of configs/study.py met 10
+    # row counts, 10 gradient programs and ~55 s of compiling (end to end 262 s -> 231 s on 2
+    # cores, BENCHMARKS.md session 11; the same loss to 6 digits).
+    config.grad_chunk_rows = 4
     config.data.length_group_window = 1
     config.data.read_threads = 2
 

@@ -24,7 +24,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.numgap_quotas_dev = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
     config.data.dir = "runs/study/data"
     config.data.max_length = 128
-    config.data.pack_rows_multiple = 2  # hundreds of steps: ~6 step programs, less padding
     config.teacher.max_length = 128
     config.optim.lr = 5e-4
     config.log_every = 10

@@ -8,10 +8,11 @@ Like the paper, a strong teacher (MPNet, 110M parameters, 768 dims, mean pooling
 the PyTorch backend) is distilled into a smaller *pretrained* embedder (MiniLM-L6, 22M, 384 dims)
 with a LEAF-style W_out 384 -> 768, started as the least-squares map from the student's pooled
 vectors to the teacher's (`model.w_out_init = "lstsq"`; variant `xavier`: LEAF's random start).
-Variant `configs/study_mpnet.py:trunc384` drops W_out and aligns to the teacher truncated to 384 dims and re-normalised (mpnet is not
-MRL-trained). Variant `configs/study_mpnet.py:numeric` trains with issue #16's best objective (the
-loss of `configs/numeric.py`: NumGap-aligned neighbour hinge + similarity preservation) on the same
-passages, each with its BM25 topical neighbour among the training passages (`data_nb`).
+Variant `configs/study_mpnet.py:trunc384` drops W_out and aligns to the teacher truncated to 384
+dims and re-normalised (mpnet is not MRL-trained). Variant `configs/study_mpnet.py:numeric` trains
+with issue #16's best objective (the loss of `configs/numeric.py`: NumGap-aligned neighbour hinge +
+similarity preservation) on the same passages, each with its BM25 topical neighbour among the
+training passages (`data_nb`).
 Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.

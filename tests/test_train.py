@@ -182,7 +182,7 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
         # About one sequence per row, rounded up to the 8 test devices: 16 x and their pi(x)
         # fill 24 or 32 rows, so the run meets two step programs.
         result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
-                       f"--config.split_update={split}",
+                       f"--config.split_update={split}", "--config.grad_chunk_rows=0",
                        "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((workdir / "summary.json").read_text())
@@ -193,6 +193,27 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
     assert off["compile/step_programs_ahead"] == 0
     for name in params_off:
         np.testing.assert_array_equal(params_on[name], params_off[name], err_msg=name)
+
+
+def test_chunked_gradients_train_the_same_params(data_dir, tmp_path):
+    """`grad_chunk_rows` (the demo's default): the packed rows in groups of 8 (the 8 test
+    devices) train the params of one program per row count (tests/test_grad_chunks.py: with
+    programs that do not change with the row count)."""
+    runs = {}
+    for rows in (8, 0):
+        workdir = tmp_path / f"chunks_{rows}"
+        result = train(data_dir, workdir, f"--config.grad_chunk_rows={rows}",
+                       "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads((workdir / "summary.json").read_text())
+        runs[rows] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
+    (params_chunked, chunked), (params_whole, whole) = runs[8], runs[0]
+    assert chunked["compile/step_programs"] == whole["compile/step_programs"] >= 2  # row counts
+    np.testing.assert_allclose(chunked["train/loss"], whole["train/loss"], rtol=1e-5)
+    for name in params_whole:
+        np.testing.assert_allclose(
+            params_chunked[name], params_whole[name], rtol=0, atol=2e-5, err_msg=name
+        )
 
 
 def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):

@@ -69,7 +69,7 @@ class EmbeddingModel(nnx.Module):
     def __call__(self, input_ids_bt: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
         """Returns [B, E] float32 unit vectors."""
         hidden_btd = self.encoder(input_ids_bt, attention_mask_bt)
-        return self._head(layers.POOLERS[self.pooling](hidden_btd, attention_mask_bt))
+        return self.head(layers.POOLERS[self.pooling](hidden_btd, attention_mask_bt))
 
     def embed_packed(
         self,
@@ -91,16 +91,33 @@ class EmbeddingModel(nnx.Module):
         Returns:
           [S, E] float32 unit vectors, zeros for ids no token carries.
         """
+        return self.head(
+            self.pool_packed(input_ids_bt, segment_ids_bt, positions_bt, num_segments=num_segments)
+        )
+
+    def pool_packed(
+        self,
+        input_ids_bt: jax.Array,
+        segment_ids_bt: jax.Array,
+        positions_bt: jax.Array,
+        *,
+        num_segments: int,
+    ) -> jax.Array:
+        """`embed_packed` before the head: [S, D] pooled encoder states, zeros for absent ids.
+
+        A sequence lies within one row, so the pooled states of a batch's rows are the sum of
+        those of any split of its rows into groups (`step.embed_chunk` relies on this).
+        """
         real_bt = (segment_ids_bt >= 0) & (segment_ids_bt < num_segments)
         hidden_btd = self.encoder(
             input_ids_bt, real_bt, segment_ids_bt=segment_ids_bt, positions_bt=positions_bt
         )
-        pooled = layers.pool_packed(
+        return layers.pool_packed(
             hidden_btd, segment_ids_bt, pooling=self.pooling, num_segments=num_segments
         )
-        return self._head(pooled)
 
-    def _head(self, pooled_bd: jax.Array) -> jax.Array:
+    def head(self, pooled_bd: jax.Array) -> jax.Array:
+        """Pooled [B, D] states -> [B, E] unit vectors (through `dense`, W_out, if any)."""
         if self.dense is not None:
             pooled_bd = self.dense(pooled_bd)  # float32: W_out is tiny and feeds the loss directly
         return layers.l2_normalize(pooled_bd)

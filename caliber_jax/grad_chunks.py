@@ -1,0 +1,100 @@
+"""The chunked gradient step: a batch's packed rows through the encoder in groups of fixed size.
+
+One program per batch shape means one XLA compile (seconds on a CPU) for every packed row count
+an epoch meets. Here the encoder runs a fixed number of packed rows at a time
+(`step.embed_chunk`, which keeps each group's backward pass), the loss runs on the summed pooled
+states (`step.head_gradients`), and the groups' backward passes add up the gradients
+(`step.add_chunk_gradients`): the gradients of `step.grad_step` from programs whose shapes never
+change, whatever the row count.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from caliber_jax import sharding, step
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkedGradFn:
+    """`(params, host_batch, weights) -> (grads, metrics)`, like `step.grad_step` jitted, but
+    taking this process's host batch (numpy) and placing each group of `rows` rows itself."""
+
+    forward: Any
+    head: Any
+    backward: Any
+    finish: Any
+    zeros: Any
+    rows: int
+    mesh: Mesh
+
+    def __call__(self, params, host_batch, weights):
+        count = host_batch["packed_ids"].shape[0]
+        if count % self.rows:
+            raise ValueError(f"{count} packed rows do not split into groups of {self.rows}")
+        rest = {k: v for k, v in host_batch.items() if k not in step.PACKED_KEYS}
+        rest = sharding.to_global(rest, self.mesh)
+        pooled = self.zeros()
+        backward_fns = []
+        for start in range(0, count, self.rows):
+            chunk = {k: host_batch[k][start : start + self.rows] for k in step.PACKED_KEYS}
+            pooled, vjp_fn = self.forward(params, sharding.to_global(chunk, self.mesh), pooled)
+            backward_fns.append(vjp_fn)
+        grads, cotangent, metrics = self.head(params, pooled, rest, weights)
+        while backward_fns:  # each group's saved activations go as soon as they are used
+            grads = self.backward(backward_fns.pop(), cotangent, grads)
+        return self.finish(grads, metrics)
+
+
+def make_chunked_grad(
+    graphdef: nnx.GraphDef,
+    loss_args: dict[str, Any],
+    *,
+    mesh: Mesh,
+    params_shardings: Any,
+    rows: int,
+    pooled_shape: tuple[int, int],
+) -> ChunkedGradFn:
+    """The five jitted programs of the chunked gradient step, each compiled once per run.
+
+    Args:
+      graphdef: the `EmbeddingModel`'s graph.
+      loss_args: `step.vectors_loss`'s static arguments (reduction, objective, ...); lam and
+        margin come with each call's `weights`.
+      params_shardings: the params' shardings (gradients come out the same).
+      rows: packed rows per group, per process; a multiple of the local device count.
+      pooled_shape: (S, D): 2B sequence slots by the encoder width.
+    """
+    if rows < 1 or rows % jax.local_device_count():
+        raise ValueError(
+            f"grad_chunk_rows={rows}: must be a positive multiple of this process's "
+            f"{jax.local_device_count()} devices"
+        )
+    replicated = sharding.replicated(mesh)
+    batch_sharding = sharding.batch_sharding(mesh)
+    return ChunkedGradFn(
+        forward=jax.jit(
+            functools.partial(step.embed_chunk, graphdef=graphdef),
+            in_shardings=(params_shardings, batch_sharding, replicated),
+        ),
+        head=jax.jit(
+            lambda p, pooled, b, w: step.head_gradients(
+                p, pooled, b, graphdef=graphdef, **loss_args, **w
+            ),
+            in_shardings=(params_shardings, replicated, batch_sharding, replicated),
+            out_shardings=(params_shardings, replicated, replicated),
+        ),
+        # The running gradients are donated: each group adds into the same buffers.
+        backward=jax.jit(
+            step.add_chunk_gradients, out_shardings=params_shardings, donate_argnums=2
+        ),
+        finish=jax.jit(step.with_grad_norm, out_shardings=(params_shardings, replicated)),
+        zeros=jax.jit(lambda: jnp.zeros(pooled_shape, jnp.float32), out_shardings=replicated),
+        rows=rows,
+        mesh=mesh,
+    )
