@@ -369,13 +369,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
     replicated = sharding.replicated(mesh)
-    chunk_rows = config.get("grad_chunk_rows", 0) and chunk_rows_per_process(config)
+    # Groups of packed rows: the padded layouts (pack_length = 0) have no rows to group.
+    chunk_rows = (
+        config.data.pack_length and config.get("grad_chunk_rows", 0)
+    ) and chunk_rows_per_process(config)
     if chunk_rows:
-        if not config.data.pack_length:
-            raise ValueError(
-                f"config.grad_chunk_rows={config.grad_chunk_rows}: groups of packed rows need "
-                "the packed layout (data.pack_length > 0), or set grad_chunk_rows=0"
-            )
         grad_fn = grad_chunks.make_chunked_grad(
             graphdef,
             loss_args,

@@ -137,11 +137,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (one per run), so each new batch shape compiles only the forward and backward. False: one
     # program per shape, where XLA may overlap the update with the backward (accelerators).
     config.split_update = False
-    # Packed layout only: run the encoder over a batch's packed rows in groups of this many
-    # (per process, rounded up to a multiple of its devices), then the loss, then each group's
-    # backward pass (caliber_jax/grad_chunks.py): the same gradients from programs whose shapes
-    # never change, so a run compiles once whatever row counts its batches need. 0: one gradient
-    # program per batch shape.
+    # Packed layout only (no effect with pack_length = 0): run the encoder over a batch's packed
+    # rows in groups of this many (per process, rounded up to a multiple of its devices), then the
+    # loss, then each group's backward pass (caliber_jax/grad_chunks.py): the same gradients from
+    # programs whose shapes never change, so a run compiles once whatever row counts its batches
+    # need. 0: one gradient program per batch shape.
     config.grad_chunk_rows = 0
 
     config.log_every = 50

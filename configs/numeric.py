@@ -39,7 +39,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The sweep's points were trained on right-padded, length-grouped batches; kept, so that every
     # point sees the same data order (the packed layout would be ~1.2x faster per epoch).
     config.data.pack_length = 0
-    config.grad_chunk_rows = 0  # groups of rows are a packed-layout feature
     config.data.length_group_window = 16
     config.data.validate = False  # selection is on NumGap dev (scripts/sweep.py), not val loss
     config.log_every = 25

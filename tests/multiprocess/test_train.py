@@ -61,7 +61,10 @@ def test_two_processes_match_one(runs, layout):
     assert step_two == step_one == 6
     diff = max_abs_diff(two, one)
     print(f"{layout}: max |2x2 - 1x4| over all params = {diff:.3g}")
-    assert diff <= 1e-5
+    # Packed: the demo's chunked gradient step groups each process's rows, so 2 x 2 and 1 x 4
+    # add the same row gradients in another order (1.4e-5 after 6 Adam steps at lr 1e-3; a row
+    # lost or counted twice moves params by ~1e-3).
+    assert diff <= (5e-5 if layout == "packed" else 1e-5)
     start = flatten_init(runs[(1, layout)])
     assert max_abs_diff(one, start) > 1e-4  # the runs trained
 
