@@ -204,9 +204,7 @@ def head_gradients(
 
     grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
     (loss, parts), (grads, cotangent_sd) = grad_fn(params, pooled_sd)
-    metrics = {f"train/{k}": v for k, v in parts.items()}
-    metrics["train/loss"] = loss
-    return grads, cotangent_sd, metrics
+    return grads, cotangent_sd, _train_metrics(loss, parts)
 
 
 def add_chunk_gradients(
@@ -246,10 +244,12 @@ def _gradients(
 ) -> tuple[Any, dict[str, jax.Array]]:
     """Gradients of `bound_loss_fn` at `params` and the batch's `train/*` metrics."""
     (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(params, batch)
-    metrics = {f"train/{k}": v for k, v in parts.items()}
-    metrics["train/loss"] = loss
-    metrics["train/grad_norm"] = optax.tree.norm(grads)
-    return grads, metrics
+    return with_grad_norm(grads, _train_metrics(loss, parts))
+
+
+def _train_metrics(loss: jax.Array, parts: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The loss and its parts as `train/*` metrics."""
+    return {**{f"train/{k}": v for k, v in parts.items()}, "train/loss": loss}
 
 
 def apply_update(
