@@ -12,7 +12,10 @@ Variant `configs/study_mpnet.py:trunc384` drops W_out and aligns to the teacher 
 dims and re-normalised (mpnet is not MRL-trained). Variant `configs/study_mpnet.py:numeric` trains
 with issue #16's best objective (the loss of `configs/numeric.py`: NumGap-aligned neighbour hinge +
 similarity preservation) on the same passages, each with its BM25 topical neighbour among the
-training passages (`data_nb`).
+training passages (`data_nb`). Variant `configs/study_mpnet.py:long` is the same LEAF/Caliber pair
+trained longer on more passages (20,000 passages x 3.2 epochs = 2,000 steps, its own data folder),
+run by `scripts/study.py --preset mpnet-long`: on two CPU cores a day of background compute,
+resumable across sessions.
 Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.
@@ -69,8 +72,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss = recipe.loss  # objective, lambda, margin, perturb and structure weights
         config.prepare.neighbour_k = recipe.prepare.neighbour_k
         config.data.dir = "runs/study_mpnet/data_nb"
+    elif arg == "long":
+        config.prepare.max_passages = 20000  # a seeded sample of the training filings' passages
+        config.num_epochs = 3.2  # 625 steps per epoch at batch 32: 2,000 steps
+        config.eval_every = 250
+        config.data.dir = "runs/study_mpnet_long/data"
     elif arg:
         raise ValueError(
-            f"configs/study_mpnet.py: unknown variant {arg!r} (known: xavier, trunc384, numeric)"
+            f"configs/study_mpnet.py: unknown variant {arg!r} "
+            "(known: xavier, trunc384, numeric, long)"
         )
     return config

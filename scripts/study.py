@@ -35,6 +35,8 @@ PRESETS = {
     "full": {"config": "configs/study.py", "overrides": [], "eval_args": ["--max_length=128"]},
     # Issue #15: mpnet teacher, full MiniLM student with W_out; its own resumable flow.
     "mpnet": {"config": "configs/study_mpnet.py", "overrides": []},
+    # ...and its main LEAF/Caliber pair, longer on more passages (configs/study_mpnet.py:long).
+    "mpnet-long": {"config": "configs/study_mpnet.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -109,19 +111,19 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--results_md", default=None, help="also write the tables here")
     parser.add_argument(
-        "--record", default=str(REPO / "docs" / "study_mpnet"),
-        help="(--preset mpnet) tracked directory where finished evaluations are recorded and "
-        "restored from; '' = off",
+        "--record", default=None,
+        help="(--preset mpnet, mpnet-long) tracked directory where finished evaluations are "
+        "recorded and restored from (default docs/study_mpnet[_long]); '' = off",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=min(2, os.cpu_count() or 1),
         help="stages run side by side (1: one after the other, streaming their output)",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.preset == "mpnet":
+    if args.preset in ("mpnet", "mpnet-long"):
         import study_mpnet  # scripts/ is on sys.path: this file's folder
 
-        study_mpnet.run_study(args, run)
+        study_mpnet.run_study(args, run, long=args.preset == "mpnet-long")
         return
 
     preset = PRESETS[args.preset]

@@ -50,14 +50,18 @@ RunFn = Callable[[str, list[str], dict[str, float]], None]
 slug = evaluate.slug
 
 
-def students(seeds: list[int]) -> list[tuple[str, str, float | None, int]]:
+def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, float | None, int]]:
     """(label, config variant, lambda, seed) in the order they train.
 
     The main pair, LEAF and Caliber from the least-squares W_out ("lp"), for every seed, the first
     seed's first; then, for the first seed only, issue #16's objective (its lambda is the
     variant's own, None here), the pair aligned to the teacher cut to 384 dims, and LEAF from a
-    random W_out (session 8's run, recorded).
+    random W_out (session 8's run, recorded). `long`: only the main pair, for every seed, on the
+    `long` variant's data and length.
     """
+    if long:
+        return [(f"{name} lp long s{seed}", "long", lam, seed)
+                for seed in seeds for name, lam in (("LEAF", 0.0), ("Caliber", 0.5))]  # fmt: skip
     first = seeds[0]
     runs = [(f"LEAF lp s{first}", "", 0.0, first), (f"Caliber lp s{first}", "", 0.5, first),
             (f"Numeric lp s{first}", "numeric", None, first),
@@ -155,14 +159,22 @@ def derive_truncated(
         )
 
 
-def run_study(args, run_stage: RunFn) -> None:
-    """The whole study; `run_stage(stage, argv, times)` runs one CLI stage as a subprocess."""
-    out = Path(args.output or "runs/study_mpnet").resolve()
+def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
+    """The whole study; `run_stage(stage, argv, times)` runs one CLI stage as a subprocess.
+
+    `long` (preset mpnet-long): the main LEAF/Caliber pair of every seed on the `long` variant
+    (more passages, more steps), in its own output and record folders, with the teacher and the
+    least-squares start as references; the short study's other models are not repeated.
+    """
+    name = "study_mpnet_long" if long else "study_mpnet"
+    out = Path(args.output or f"runs/{name}").resolve()
     data, data_384, data_nb = out / "data", out / "data_384", out / "data_nb"
     common = [f"--config.prepare.input={Path(args.filings).resolve()}"] if args.filings else []
-    config_args = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}", *common]
+    base_config = f"--config={REPO / CONFIG}" + (":long" if long else "")
+    config_args = [base_config, f"--config.data.dir={data}", *common]
     seeds = [int(s) for s in args.seeds.split(",")]
-    record = Path(args.record).resolve() if args.record else None
+    record_dir = REPO / "docs" / name if args.record is None else args.record
+    record = Path(record_dir).resolve() if record_dir else None
     for name in restore_records(record, out):
         print(f"study: {name} restored from {record}", flush=True)
     state_path = out / "study.json"
@@ -230,7 +242,7 @@ def run_study(args, run_stage: RunFn) -> None:
 
     init_dir = study_mpnet.get_config().model.init_dir
     untrained = []
-    for suffix, out_dim in (("", TEACHER_DIM), (" t384", None)):
+    for suffix, out_dim in () if long else (("", TEACHER_DIM), (" t384", None)):
         label = f"Initial{suffix} s{seeds[0]}"
         hf_dir = write_initial(
             out / slug(label) / "hf",
@@ -251,7 +263,8 @@ def run_study(args, run_stage: RunFn) -> None:
     def finished(label: str) -> bool:
         return (out / "results" / slug(label) / f"{TASKS_STUDENT[-1]}.json").is_file()
 
-    pending = [item for item in students(seeds) if not finished(item[0])]
+    runs = students(seeds, long=long)
+    pending = [item for item in runs if not finished(item[0])]
     # After the evaluations that need no teacher vectors, so a short session measures those;
     # not at all once every student is evaluated (a restored study re-encodes nothing).
     if pending:
@@ -263,11 +276,12 @@ def run_study(args, run_stage: RunFn) -> None:
     if "numeric" in variants:
         k = study_mpnet.get_config("numeric").prepare.neighbour_k
         derive_neighbours(data, data_nb, k=k)
-    data_dirs = {"": data, "xavier": data, "trunc384": data_384, "numeric": data_nb}
+    data_dirs = {"": data, "xavier": data, "trunc384": data_384, "numeric": data_nb, "long": data}
     # The untrained student with the least-squares W_out: the first lp student's start, exported
     # from its workdir with `--interpolate 0` (the fit is the same for every seed and objective).
-    initial_lp = f"Initial lp s{seeds[0]}"
-    for label, variant, lam, seed in students(seeds):
+    first_lp = runs[0][0]
+    initial_lp = first_lp.replace("LEAF", "Initial")
+    for label, variant, lam, seed in runs:
         workdir = out / slug(label)
         config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
         train_args = [
@@ -291,7 +305,7 @@ def run_study(args, run_stage: RunFn) -> None:
         if summary.is_file():
             results[label]["train_summary"] = json.loads(summary.read_text())
             save()
-        if label == f"LEAF lp s{seeds[0]}":
+        if label == first_lp:
             start_dir = out / slug(initial_lp) / "hf"
             if not finished(initial_lp):
                 run(

@@ -148,12 +148,9 @@ def test_initial_student_is_minilm_with_the_seeded_w_out(minilm_dir, tmp_path):
         np.testing.assert_array_equal(written[name], value, err_msg=name)
 
 
-def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
-    minilm_dir, tmp_path, monkeypatch
-):
-    """Run folders do not outlive the machine: every finished evaluation is recorded, and a
-    fresh output folder with the same record trains, encodes and evaluates nothing again."""
-    import argparse
+def _fake_study(monkeypatch, minilm_dir, tmp_path):
+    """study_mpnet with every CLI stage faked (each writes what the next one checks for); returns
+    `fake_stage(calls)` and the dict of each stage's argv."""
     import json
 
     monkeypatch.setattr(study_mpnet.fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
@@ -193,6 +190,19 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
 
         return run_stage
 
+    return fake_stage, calls_argv
+
+
+def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
+    minilm_dir, tmp_path, monkeypatch
+):
+    """Run folders do not outlive the machine: every finished evaluation is recorded, and a
+    fresh output folder with the same record trains, encodes and evaluates nothing again."""
+    import argparse
+    import json
+
+    fake_stage, calls_argv = _fake_study(monkeypatch, minilm_dir, tmp_path)
+
     record = tmp_path / "record"
     args = argparse.Namespace(output=str(tmp_path / "first"), filings=None, seeds="0",
                               financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
@@ -224,3 +234,44 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
                                      "Initial lp s0", "LEAF lp s0", "Caliber lp s0",
                                      "Numeric lp s0", "LEAF t384 s0",
                                      "Caliber t384 s0"}  # fmt: skip
+
+
+def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
+    minilm_dir, tmp_path, monkeypatch
+):
+    import argparse
+    import json
+
+    fake_stage, calls_argv = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    record = tmp_path / "record_long"
+    args = argparse.Namespace(output=str(tmp_path / "long"), filings=None, seeds="0,1",
+                              financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
+    calls: list[str] = []
+    study_mpnet.run_study(args, fake_stage(calls), long=True)
+    trained = [stage for stage in calls if stage.startswith("train")]
+    assert trained == ["train LEAF lp long s0", "train Caliber lp long s0",
+                       "train LEAF lp long s1", "train Caliber lp long s1"]  # fmt: skip
+    for stage in ["prepare", "teacher vectors", *trained]:
+        assert any(a.endswith("study_mpnet.py:long") for a in calls_argv[stage]), stage
+    caliber = calls_argv["train Caliber lp long s1"]
+    assert "--config.loss.lam=0.5" in caliber and "--config.seed=1" in caliber
+    assert f"--config.data.dir={tmp_path / 'long' / 'data'}" in caliber
+    # references: the teacher and the least-squares start of the first LEAF run; nothing else
+    assert "--interpolate=0" in calls_argv["export Initial lp long s0"]
+    evaluated = {stage.split(" (")[0].removeprefix("evaluate ") for stage in calls
+                 if stage.startswith("evaluate")}  # fmt: skip
+    students = {stage.removeprefix("train ") for stage in trained}
+    assert evaluated == {"Teacher", "Initial lp long s0", *students}
+    state = json.loads((record / "study.json").read_text())
+    assert "Caliber lp long s1" in state["results"]
+
+
+def test_long_variant_is_two_thousand_steps_over_twenty_thousand_passages():
+    from caliber_jax import train
+    from configs import study_mpnet as config_module
+
+    config = config_module.get_config("long")
+    assert config.prepare.max_passages == 20000
+    assert config.data.dir.endswith("study_mpnet_long/data")
+    assert train.total_steps(config, 20000) == 2000
+    assert config.model.out_dim == 768 and config.model.w_out_init == "lstsq"
