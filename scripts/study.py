@@ -3,6 +3,8 @@
     python scripts/study.py --preset demo                       # minutes: what launch/demo.sh runs
     python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz \
         --ablation --seeds 0,1 --results_md docs/results.md
+    python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
+        --seeds 0,1                                              # issue #15; mpnet-long: longer
 
 Every stage is the user-facing CLI (prepare, embed_teacher, train, export, evaluate), run as a
 subprocess with the same config file, so the study is also a test of the commands in the README.
