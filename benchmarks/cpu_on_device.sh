@@ -16,11 +16,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=runs/device_cpu
 STRIDE=18
-PYTHON=${PYTHON:-python3}  # here: the repo's .venv/bin/python (has the MiniLM package)
+# prepare: the repo's .venv (it has the MiniLM package); run: the device image's python3.
+DEFAULT_PYTHON=python3
+[[ "${1:-}" == prepare && -x .venv/bin/python ]] && DEFAULT_PYTHON=.venv/bin/python
+PYTHON=${PYTHON:-$DEFAULT_PYTHON}
 
 case "${1:-}" in
 prepare)
-  [[ -x .venv/bin/python && -z "${PYTHON_SET:-}" ]] && PYTHON=.venv/bin/python
   bash ../shared/tools/device-wheels.sh
   mkdir -p "$OUT/minilm"
   "$PYTHON" - "$OUT" "$STRIDE" <<'EOF'
