@@ -514,6 +514,9 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     shapes: set[tuple] = set()  # distinct batch shapes = distinct train-step programs
     bar = tqdm(total=steps, initial=start, desc="train", disable=jax.process_index() != 0)
     step_num = start
+    if val_factory is not None and config.eval_at_start and start == 0:
+        with jax.transfer_guard("allow"):  # the starting point of the validation curves
+            _write(writer, evaluate(eval_fn, state.params, val_factory, mesh), 0)
     # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):

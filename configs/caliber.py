@@ -146,6 +146,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.log_every = 50
     config.eval_every = 1000
+    config.eval_at_start = False  # also validate before the first step (fresh runs, not resumes)
     config.checkpoint_every = 1000
     config.keep_checkpoints = 3
     # Also keep every checkpoint whose step is a multiple of this (0: only the latest ones).

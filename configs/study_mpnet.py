@@ -76,6 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.prepare.max_passages = 20000  # a seeded sample of the training filings' passages
         config.num_epochs = 3.2  # 625 steps per epoch at batch 32: 2,000 steps
         config.eval_every = 250
+        config.eval_at_start = True  # the validation curves start at the fitted W_out
         config.data.dir = "runs/study_mpnet_long/data"
     elif arg:
         raise ValueError(

@@ -72,6 +72,18 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
     return [*runs, (f"LEAF s{first}", "xavier", 0.0, first)]
 
 
+def validation_curve(metrics: Path) -> list[dict[str, float]]:
+    """The `val/*` rows of a training run's metrics.jsonl, one per step in step order (a resumed
+    run may have logged a step twice: the later row wins)."""
+    rows = {}
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        val = {key: value for key, value in row.items() if key.startswith("val/")}
+        if val:
+            rows[row["step"]] = {"step": row["step"], **val}
+    return [rows[step] for step in sorted(rows)]
+
+
 def derive_neighbours(data: Path, data_nb: Path, *, k: int) -> None:
     """The training passages with a BM25 topical neighbour each (`prepare.mine_neighbours`, over
     the training passages only), for the `numeric` variant. The texts are the same, so the
@@ -301,10 +313,12 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             )
         for tasks in TASKS_STUDENT:
             evaluate_model(label, ["--model", str(workdir / "hf"), *teacher_args], tasks)
-        summary = workdir / "summary.json"
+        summary, metrics = workdir / "summary.json", workdir / "metrics.jsonl"
         if summary.is_file():
             results[label]["train_summary"] = json.loads(summary.read_text())
-            save()
+        if metrics.is_file():
+            results[label]["validation"] = validation_curve(metrics)  # validation.png
+        save()
         if label == first_lp:
             start_dir = out / slug(initial_lp) / "hf"
             if not finished(initial_lp):
@@ -317,5 +331,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             for tasks in TASKS_STUDENT:
                 evaluate_model(initial_lp, ["--model", str(start_dir), *teacher_args], tasks)
     figures = plots.plot_all(results, out / "figures")
+    for figure in figures:
+        record_file(figure, out, record)  # docs/study_mpnet*/figures/
     print((out / "study.md").read_text())
     print("figures: " + ", ".join(str(f) for f in figures))

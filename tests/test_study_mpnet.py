@@ -275,3 +275,18 @@ def test_long_variant_is_two_thousand_steps_over_twenty_thousand_passages():
     assert config.data.dir.endswith("study_mpnet_long/data")
     assert train.total_steps(config, 20000) == 2000
     assert config.model.out_dim == 768 and config.model.w_out_init == "lstsq"
+
+
+def test_validation_curve_keeps_the_val_rows_last_one_per_step(tmp_path):
+    import json
+
+    rows = [{"step": 10, "train/loss": 1.0}, {"step": 0, "val/align_x": 0.9, "val/delta_s": 0.001},
+            {"step": 100, "val/align_x": 0.7, "val/delta_s": 0.002},
+            {"step": 100, "val/align_x": 0.6, "val/delta_s": 0.003},  # logged again after a resume
+            {"step": 100, "train/loss": 0.5}]  # fmt: skip
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert study_mpnet.validation_curve(metrics) == [
+        {"step": 0, "val/align_x": 0.9, "val/delta_s": 0.001},
+        {"step": 100, "val/align_x": 0.6, "val/delta_s": 0.003},
+    ]

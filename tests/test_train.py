@@ -152,12 +152,17 @@ def _flatten(tree, prefix=""):
 
 def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "fall", "--config.total_steps=24",
-                   "--config.checkpoint_every=24", "--config.eval_every=24")  # fmt: skip
+                   "--config.checkpoint_every=24", "--config.eval_every=24",
+                   "--config.eval_at_start=True")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "fall" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
     assert len(losses) == 24
     assert np.mean(losses[-6:]) < 0.85 * np.mean(losses[:6]), losses
+    # validation before the first step (eval_at_start) and after the last: the curve falls
+    val = {row["step"]: row for row in map(json.loads, lines) if "val/loss" in row}
+    assert sorted(val) == [0, 24]
+    assert val[24]["val/align_x"] < val[0]["val/align_x"], val
 
 
 def test_accumulation_counts_updates(data_dir, tmp_path):

@@ -6,7 +6,9 @@
 Writes, for the tasks present: `retrieval_ndcg.png` (FinanceBench nDCG@10 per model),
 `numgap_d.png` and `numgap_m.png` (grouped bars per category), `numgap_trajectory.png` ((D, M)
 per category, one line per category connecting the models in order, as the paper's Figure 6)
-and `mrl.png` (nDCG@10 against dim, with int8 and binary markers). No jax.
+and `mrl.png` (nDCG@10 against dim, with int8 and binary markers); for trained models whose
+results carry a `validation` curve (the `val/*` rows of their training metrics), `validation.png`
+(held-out alignment and perturbation distance against the step). No jax.
 """
 
 import json
@@ -146,6 +148,36 @@ def plot_mrl(runs: Results, path: Path) -> Path:
     return _save(figure, path)
 
 
+def plot_validation(runs: Results, path: Path) -> Path:
+    """Held-out alignment ||s(x) - t(x)|| and the student's perturbation distance Delta_s against
+    the training step, one line per trained model (`run["validation"]`: rows with "step" and the
+    `val/*` metrics); the teacher's Delta_t dashed, from the first model (the same validation
+    passages for all)."""
+    labels = [label for label, run in runs.items() if run.get("validation")]
+    figure, (align, delta) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for index, label in enumerate(labels):
+        color = plt.cm.tab10(index % 10)
+        rows = sorted(runs[label]["validation"], key=lambda row: row["step"])
+        steps = [row["step"] for row in rows]
+        align.plot(steps, [row["val/align_x"] for row in rows], marker="o", color=color,
+                   label=label)  # fmt: skip
+        delta.plot(steps, [row["val/delta_s"] for row in rows], marker="o", color=color,
+                   label=label)  # fmt: skip
+        if index == 0:
+            delta.plot(steps, [row["val/delta_t"] for row in rows], linestyle="--", color="gray",
+                       label="teacher Delta_t")  # fmt: skip
+    align.set_xlabel("step")
+    align.set_ylabel("held-out ||s(x) - t(x)||")
+    align.set_title("Alignment to the teacher")
+    delta.set_xlabel("step")
+    delta.set_ylabel("held-out 1 - cos(f(x), f(pi x))")
+    delta.set_title("Perturbation distance Delta_s")
+    for axes in (align, delta):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    return _save(figure, path)
+
+
 def plot_all(results: Results, out_dir: str | Path) -> list[Path]:
     """Writes every figure whose task appears in some results dict.
 
@@ -171,6 +203,8 @@ def plot_all(results: Results, out_dir: str | Path) -> list[Path]:
         written.append(plot_trajectory(results, out_dir / "numgap_trajectory.png"))
     if has["mrl"]:
         written.append(plot_mrl(results, out_dir / "mrl.png"))
+    if any(run.get("validation") for run in results.values()):
+        written.append(plot_validation(results, out_dir / "validation.png"))
     return written
 
 

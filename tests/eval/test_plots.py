@@ -50,6 +50,20 @@ def test_plot_all_writes_every_figure(tmp_path):
         assert path.stat().st_size > 10_000, path
 
 
+def test_validation_curves_of_trained_models(tmp_path):
+    runs = {label: _results(label, 0.01 * i) for i, label in enumerate(["initial", "leaf", "cal"])}
+    for shift, label in enumerate(["leaf", "cal"]):
+        runs[label]["validation"] = [
+            {"step": step, "val/align_x": 0.9 - 0.001 * step, "val/delta_s": 0.001 * (1 + shift),
+             "val/delta_t": 0.007}
+            for step in (250, 0, 500)
+        ]  # fmt: skip
+    written = plots.plot_all(runs, tmp_path)
+    assert written[-1].name == "validation.png"
+    width, height = _png_size(written[-1])
+    assert width > 1000 and height > 300 and written[-1].stat().st_size > 10_000
+
+
 def test_plot_all_only_tasks_present(tmp_path):
     runs = {"bm25": {"financebench": _retrieval(0.38), "label": "bm25"}}
     written = plots.plot_all(runs, tmp_path)
