@@ -172,6 +172,10 @@ def plot_validation(runs: Results, path: Path) -> Path:
     delta.set_xlabel("step")
     delta.set_ylabel("held-out 1 - cos(f(x), f(pi x))")
     delta.set_title("Perturbation distance Delta_s")
+    values = [row[key] for label in labels for row in runs[label]["validation"]
+              for key in ("val/delta_s", "val/delta_t")]  # fmt: skip
+    if min(values) > 0 and max(values) > 20 * min(values):  # objectives that differ 100-fold
+        delta.set_yscale("log")
     for axes in (align, delta):
         axes.grid(alpha=0.3)
         axes.legend(fontsize=7)
