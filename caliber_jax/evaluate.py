@@ -7,8 +7,10 @@
 
 Results: {"financebench": {8 metrics}, "numgap": {"overall": {"D", "M", "n"}, category: ...},
 "mrl": {"dim_<k>" | "int8" | "binary": {8 metrics}}, "asymmetric": {8 metrics}, "bm25": {8 metrics},
-"model": DIR, "label": NAME, "settings": {...}}, with only the tasks that were run. `results.md`
-(the output path with suffix .md) holds the same as tables. The core is `run_evaluation`.
+"per_query": {"financebench" | "bm25": {metric: {query id: value}}} (paired tests:
+`python -m caliber_jax.compare`), "model": DIR, "label": NAME, "settings": {...}}, with only the
+tasks that were run. `results.md` (the output path with suffix .md) holds the same as tables. The
+core is `run_evaluation`.
 """
 
 import dataclasses
@@ -34,6 +36,7 @@ from caliber_jax.eval import (
     retrieval,
     within_doc,
 )
+from caliber_jax.eval.significance import PER_QUERY
 
 BM25 = "bm25"
 RETRIEVAL_METRICS = tuple(
@@ -80,15 +83,24 @@ def _financebench(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
     queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "financebench")
     if encode_fn is None:  # the BM25 model
         return _bm25(None, inputs)
-    return retrieval.evaluate(
-        encode_fn, queries=queries, corpus=corpus, qrels=qrels, query_prompt=inputs.query_prompt
+    run = retrieval.dense_run(
+        encode_fn, queries=queries, corpus=corpus, query_prompt=inputs.query_prompt, top_k=100
     )
+    return _with_per_query(qrels, run)
 
 
 def _bm25(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
     del encode_fn  # lexical: the model is not used
     queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", BM25)
-    return retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, top_k=100))
+    return _with_per_query(qrels, retrieval.bm25_run(queries, corpus, top_k=100))
+
+
+def _with_per_query(qrels: Mapping, run: Mapping) -> dict:
+    """The run's mean metrics, and under PER_QUERY each query's (6 decimals), which
+    `run_evaluation` moves to `results["per_query"][task]` for `significance`."""
+    per_query = retrieval.per_query_metrics(qrels, run)
+    rounded = {m: {q: round(v, 6) for q, v in values.items()} for m, values in per_query.items()}
+    return {**retrieval.mean_metrics(per_query), PER_QUERY: rounded}
 
 
 def _numgap(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
@@ -183,7 +195,8 @@ def run_evaluation(
       inputs: the data the tasks need.
 
     Returns:
-      {task: results} in the order of `tasks`.
+      {task: results} in the order of `tasks`, and for the retrieval tasks that keep them
+      ("financebench", "bm25") `"per_query": {task: {metric: {query id: value}}}`.
     """
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
@@ -194,10 +207,12 @@ def run_evaluation(
         raise ValueError(f"the BM25 model runs only {LEXICAL_TASKS}, not {list(tasks)}")
     if encode_fn is not None:
         encode_fn = cache_encodings(encode_fn)
-    results = {}
+    results: dict[str, Any] = {}
     for task in tasks:
         start = time.perf_counter()
-        results[task] = TASKS[task](encode_fn, inputs)
+        results[task] = dict(TASKS[task](encode_fn, inputs))
+        if PER_QUERY in results[task]:
+            results.setdefault(PER_QUERY, {})[task] = results[task].pop(PER_QUERY)
         print(f"evaluate: {task} took {time.perf_counter() - start:.1f} s")
     return results
 
@@ -213,13 +228,14 @@ def save_results(results: Mapping[str, Any], output: str | os.PathLike) -> tuple
     markdown = output.with_suffix(".md")
     if markdown == output:
         raise ValueError(f"{output}: the results file must not end in .md")
-    _write_atomic(output, json.dumps(results, indent=2) + "\n")
-    _write_atomic(markdown, format_markdown({label: results}))
+    write_text_atomic(output, json.dumps(results, indent=2) + "\n")
+    write_text_atomic(markdown, format_markdown({label: results}))
     return output, markdown
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Readers see the old file or the new one, never a partial write."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False

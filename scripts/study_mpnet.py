@@ -32,7 +32,7 @@ import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 from stages import record_file, restore_records  # noqa: E402
 
 from caliber_jax import evaluate  # noqa: E402
-from caliber_jax.eval import plots  # noqa: E402
+from caliber_jax.eval import plots, significance  # noqa: E402
 from configs import study_mpnet  # noqa: E402
 
 CONFIG = "configs/study_mpnet.py"
@@ -70,6 +70,50 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
     for seed in seeds[1:]:
         runs += [(f"LEAF lp s{seed}", "", 0.0, seed), (f"Caliber lp s{seed}", "", 0.5, seed)]
     return [*runs, (f"LEAF s{first}", "xavier", 0.0, first)]
+
+
+def lacks_per_query(path: Path, tasks: str) -> bool:
+    """A FinanceBench results file written before per-query values were saved (re-evaluated
+    when its model is still on disk, so that the paired comparisons cover it)."""
+    if "financebench" not in tasks.split(","):
+        return False
+    return significance.PER_QUERY not in json.loads(path.read_text())
+
+
+def _parts(label: str) -> tuple[str, str, str]:
+    """'Caliber lp long s1' -> ('Caliber', 'lp long', 's1'); 'Teacher' -> ('Teacher', '', '')."""
+    objective, *rest = label.split(" ")
+    seed = rest.pop() if rest and rest[-1][:1] == "s" and rest[-1][1:].isdigit() else ""
+    return objective, " ".join(rest), seed
+
+
+def comparison_pairs(labels: list[str]) -> list[tuple[str, str]]:
+    """The (a, b) pairs of the study's paired tests, among `labels`: every model against the
+    Teacher; every trained student against its untrained start (the Initial of the same variant,
+    the first seed's when the fitted start is the same for every seed); every other objective
+    against LEAF of the same variant and seed; a later seed against the first seed's run of the
+    same model (the seed-to-seed noise that a method difference has to exceed)."""
+    present = set(labels)
+    pairs = []
+    for label in labels:
+        objective, variant, seed = _parts(label)
+        if label == "Teacher":
+            continue
+        if "Teacher" in present:
+            pairs.append((label, "Teacher"))
+        if objective == "Initial":
+            continue
+        initials = [other for other in labels if _parts(other)[:2] == ("Initial", variant)]
+        same_seed = [other for other in initials if _parts(other)[2] == seed]
+        if same_seed or initials:
+            pairs.append((label, (same_seed or initials)[0]))
+        leaf = " ".join(part for part in ("LEAF", variant, seed) if part)
+        if objective != "LEAF" and leaf in present:
+            pairs.append((label, leaf))
+        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)]
+        if seeds and seeds[0] != label:
+            pairs.append((label, seeds[0]))
+    return pairs
 
 
 def validation_curve(metrics: Path) -> list[dict[str, float]]:
@@ -208,6 +252,14 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
         table = evaluate.format_markdown(results)
+        pairs = comparison_pairs(
+            [label for label, result in results.items() if significance.PER_QUERY in result]
+        )
+        if pairs:
+            rows = significance.compare_results(results, pairs)
+            table += "\n" + significance.format_comparisons(
+                rows, metric="ndcg_at_10", task="financebench"
+            )
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
         (out / "study.md").write_text(report)
@@ -234,7 +286,8 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
 
     def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
         path = out / "results" / slug(label) / f"{tasks.replace(',', '+')}.json"
-        if not path.is_file():
+        model_dir = Path(model_args[model_args.index("--model") + 1])
+        if not path.is_file() or (lacks_per_query(path, tasks) and model_dir.exists()):
             run(
                 f"evaluate {label} ({tasks})",
                 [

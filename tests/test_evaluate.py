@@ -71,8 +71,17 @@ def test_run_evaluation_minilm_layout(minilm_dir, filing_passages, tmp_path):
     )
     tasks = ["financebench", "numgap", "mrl", "asymmetric", "bm25"]
     results = evaluate.run_evaluation(encode_fn, tasks, inputs)
+    per_query = results.pop("per_query")
     assert list(results) == tasks
     assert set(results["financebench"]) == METRICS
+    # Each query's values (6 decimals) average to the reported means.
+    assert set(per_query) == {"financebench", "bm25"}
+    for task in per_query:
+        assert set(per_query[task]) == METRICS
+        for metric, values in per_query[task].items():
+            assert set(values) == set(inputs.financebench[0])
+            mean = sum(values.values()) / len(values)
+            assert mean == pytest.approx(results[task][metric], abs=1e-5), (task, metric)
     assert set(results["numgap"]) == {"overall", "magnitude", "unit"}
     assert set(results["numgap"]["overall"]) == {"D", "M", "n"}
     assert results["numgap"]["overall"]["n"] == 4
@@ -87,10 +96,12 @@ def test_run_evaluation_minilm_layout(minilm_dir, filing_passages, tmp_path):
     assert len(encoded) == len(set(encoded))
 
     results.update(model=str(minilm_dir), label="minilm", settings={"max_length": 128})
+    results["per_query"] = per_query
     json_path, markdown_path = evaluate.save_results(results, tmp_path / "out" / "results.json")
     assert markdown_path == tmp_path / "out" / "results.md"
     saved = json.loads(json_path.read_text())
-    assert set(saved) == {*tasks, "model", "label", "settings"}
+    assert set(saved) == {*tasks, "per_query", "model", "label", "settings"}
+    assert saved["per_query"] == per_query
     assert saved["financebench"] == results["financebench"]
     assert saved["numgap"]["magnitude"]["D"] == results["numgap"]["magnitude"]["D"]
     markdown = markdown_path.read_text()
@@ -105,8 +116,14 @@ def test_bm25_model_and_task_errors():
     inputs = evaluate.EvalInputs(financebench=_financebench_subset(30))
     results = evaluate.run_evaluation(None, ["financebench"], inputs)
     queries, corpus, qrels = inputs.financebench
-    expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))
-    assert results == {"financebench": expected}
+    run = retrieval.bm25_run(queries, corpus, 100)
+    assert results.pop("financebench") == retrieval.retrieval_metrics(qrels, run)
+    expected = retrieval.per_query_metrics(qrels, run)
+    assert list(results) == ["per_query"] and list(results["per_query"]) == ["financebench"]
+    saved = results["per_query"]["financebench"]
+    assert list(saved) == list(expected)
+    for metric, values in expected.items():
+        assert saved[metric] == pytest.approx(values, abs=5e-7), metric
     with pytest.raises(ValueError, match="BM25 model runs only"):
         evaluate.run_evaluation(None, ["numgap"], inputs)
     with pytest.raises(ValueError, match="unknown tasks"):
@@ -140,7 +157,7 @@ def test_cli_bm25_writes_json_and_markdown(tmp_path):
         check=True, cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     saved = json.loads(output.read_text())
-    assert set(saved) == {"financebench", "model", "label", "settings"}
+    assert set(saved) == {"financebench", "per_query", "model", "label", "settings"}
     assert saved["model"] == "bm25" and saved["label"] == "bm25"
     queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH_SAMPLE)
     expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))

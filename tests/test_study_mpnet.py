@@ -185,7 +185,11 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
             if "--output" in options and stage.startswith("evaluate"):
                 out = Path(options["--output"])
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"label": options["--label"]}))
+                result = {"label": options["--label"]}
+                if "financebench" in options["--tasks"].split(","):  # per-query nDCG@10
+                    values = {"q1": 0.5, "q2": len(options["--label"]) / 100}
+                    result["per_query"] = {"financebench": {"ndcg_at_10": values}}
+                out.write_text(json.dumps(result))
             times[stage] = 1.0
 
         return run_stage
@@ -229,6 +233,10 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     args.output = str(tmp_path / "fresh")
     study_mpnet.run_study(args, fake_stage(again))
     assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
+    # The paired tests of the models that have per-query values, in study.md.
+    report = (tmp_path / "fresh" / "study.md").read_text()
+    assert "## Paired comparisons, financebench ndcg_at_10 (2 queries;" in report
+    assert "| Caliber lp s0 | LEAF lp s0 |" in report and "| LEAF s0 | Initial s0 |" in report
     state = json.loads((tmp_path / "fresh" / "study.json").read_text())
     assert set(state["results"]) == {"Initial s0", "Initial t384 s0", "Teacher", "LEAF s0",
                                      "Initial lp s0", "LEAF lp s0", "Caliber lp s0",
@@ -290,3 +298,33 @@ def test_validation_curve_keeps_the_val_rows_last_one_per_step(tmp_path):
         {"step": 0, "val/align_x": 0.9, "val/delta_s": 0.001},
         {"step": 100, "val/align_x": 0.6, "val/delta_s": 0.003},
     ]
+
+
+def test_comparison_pairs_of_the_long_study():
+    labels = ["Teacher", "LEAF lp long s0", "Caliber lp long s0", "Initial lp long s0",
+              "LEAF lp long s1", "Caliber lp long s1"]  # fmt: skip
+    assert study_mpnet.comparison_pairs(labels) == [
+        ("LEAF lp long s0", "Teacher"), ("LEAF lp long s0", "Initial lp long s0"),
+        ("Caliber lp long s0", "Teacher"), ("Caliber lp long s0", "Initial lp long s0"),
+        ("Caliber lp long s0", "LEAF lp long s0"),
+        ("Initial lp long s0", "Teacher"),
+        ("LEAF lp long s1", "Teacher"), ("LEAF lp long s1", "Initial lp long s0"),
+        ("LEAF lp long s1", "LEAF lp long s0"),
+        ("Caliber lp long s1", "Teacher"), ("Caliber lp long s1", "Initial lp long s0"),
+        ("Caliber lp long s1", "LEAF lp long s1"), ("Caliber lp long s1", "Caliber lp long s0"),
+    ]  # fmt: skip
+    # Without a teacher or a start, only the objective and seed pairs remain.
+    assert study_mpnet.comparison_pairs(["Numeric lp s0", "LEAF lp s0"]) == [
+        ("Numeric lp s0", "LEAF lp s0")
+    ]
+
+
+def test_results_written_before_per_query_values_are_stale(tmp_path):
+    import json
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(json.dumps({"financebench": {"ndcg_at_10": 0.5}}))
+    new.write_text(json.dumps({"financebench": {}, "per_query": {"financebench": {}}}))
+    assert study_mpnet.lacks_per_query(old, "financebench,mrl")
+    assert not study_mpnet.lacks_per_query(new, "financebench,mrl")
+    assert not study_mpnet.lacks_per_query(old, "numgap")

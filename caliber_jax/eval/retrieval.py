@@ -62,6 +62,19 @@ def retrieval_metrics(
     Returns:
       {"ndcg_at_k", "recall_at_k", "mrr_at_k", "map_at_k"} for each k in ks.
     """
+    return mean_metrics(per_query_metrics(qrels, run, ks))
+
+
+def per_query_metrics(
+    qrels: Mapping[str, Mapping[str, int]],
+    run: Mapping[str, Mapping[str, float]],
+    ks: Sequence[int] = (10, 100),
+) -> dict[str, dict[str, float]]:
+    """The metrics of `retrieval_metrics` for each query, before the mean (for paired tests).
+
+    Returns:
+      {metric: {query id: value}} over the queries of `run`, metrics as `retrieval_metrics`.
+    """
     unknown = sorted(set(run) - set(qrels))
     if unknown:
         raise ValueError(f"{len(unknown)} run queries have no qrels, e.g. {unknown[:3]}")
@@ -73,21 +86,30 @@ def retrieval_metrics(
         {qid: dict(docs) for qid, docs in qrels.items()},
         {f"ndcg_cut.{cut}", f"recall.{cut}", f"map_cut.{cut}"},
     )
-    per_query = evaluator.evaluate({qid: dict(docs) for qid, docs in run.items()})
+    trec = evaluator.evaluate({qid: dict(docs) for qid, docs in run.items()})
     ranked = {qid: _ranked(run[qid])[: max(ks)] for qid in evaluated}
 
-    metrics = {}
+    per_query: dict[str, dict[str, float]] = {}
     for k in ks:
         for name, trec_name in (("ndcg", "ndcg_cut"), ("recall", "recall"), ("map", "map_cut")):
-            values = [per_query[qid][f"{trec_name}_{k}"] for qid in per_query]
-            metrics[f"{name}_at_{k}"] = round(sum(values) / len(per_query), 5)
-        reciprocal_ranks = []
+            per_query[f"{name}_at_{k}"] = {qid: trec[qid][f"{trec_name}_{k}"] for qid in trec}
+        reciprocal_ranks = {}
         for qid in evaluated:
             relevant = {doc for doc, grade in qrels[qid].items() if grade > 0}
             hits = [rank for rank, doc in enumerate(ranked[qid][:k], 1) if doc in relevant]
-            reciprocal_ranks.append(1.0 / hits[0] if hits else 0.0)
-        metrics[f"mrr_at_{k}"] = sum(reciprocal_ranks) / len(reciprocal_ranks)
-    return metrics
+            reciprocal_ranks[qid] = 1.0 / hits[0] if hits else 0.0
+        per_query[f"mrr_at_{k}"] = reciprocal_ranks
+    return per_query
+
+
+def mean_metrics(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """`per_query_metrics`' values averaged as `retrieval_metrics` reports them (MTEB's rounding:
+    5 decimals, MRR unrounded)."""
+    means = {}
+    for metric, values in per_query.items():
+        mean = sum(values.values()) / len(values)
+        means[metric] = mean if metric.startswith("mrr_") else round(mean, 5)
+    return means
 
 
 def search(
@@ -224,11 +246,25 @@ def evaluate(
     Returns:
       The metrics of `retrieval_metrics`, e.g. {"ndcg_at_10": ..., "mrr_at_100": ...}.
     """
+    run = dense_run(encode_fn, queries=queries, corpus=corpus, query_prompt=query_prompt,
+                    top_k=max(ks))  # fmt: skip
+    return retrieval_metrics(qrels, run, ks)
+
+
+def dense_run(
+    encode_fn: EncodeFn,
+    *,
+    queries: Mapping[str, str],
+    corpus: Mapping[str, str],
+    query_prompt: str | None = None,
+    top_k: int = 100,
+) -> dict[str, dict[str, float]]:
+    """The trec run of `evaluate`: each query's `top_k` documents by cosine (see `evaluate`)."""
     query_ids, doc_ids = list(queries), list(corpus)
     texts = [queries[q] for q in query_ids]
     if query_prompt:
         texts = [format_query(text, query_prompt) for text in texts]
     query_vecs = encode_texts(encode_fn, texts, "queries")
     doc_vecs = encode_texts(encode_fn, [corpus[d] for d in doc_ids], "corpus")
-    scores, indices = search(query_vecs, doc_vecs, max(ks))
-    return retrieval_metrics(qrels, to_run(query_ids, doc_ids, scores, indices), ks)
+    scores, indices = search(query_vecs, doc_vecs, top_k)
+    return to_run(query_ids, doc_ids, scores, indices)

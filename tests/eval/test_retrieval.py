@@ -55,6 +55,22 @@ def test_hand_computed_metrics():
         assert metrics[name] == pytest.approx(round(value, 5) if rounded else value, abs=1e-9), name
 
 
+def test_per_query_metrics_hand_computed_and_averaged():
+    per_query = retrieval.per_query_metrics(QRELS, RUN, ks=(2, 4))
+    g3, g5 = 1 / math.log2(3), 1 / math.log2(5)
+    expected = {
+        "ndcg_at_4": {"q1": (g3 + g5) / (1 + g3), "q2": (1 + 2 * g3) / (2 + g3), "q3": 0.0},
+        "recall_at_2": {"q1": 0.5, "q2": 1.0, "q3": 0.0},
+        "mrr_at_2": {"q1": 0.5, "q2": 1.0, "q3": 0.0},
+        "map_at_4": {"q1": 0.5, "q2": 1.0, "q3": 0.0},
+    }
+    for metric, values in expected.items():
+        assert per_query[metric] == pytest.approx(values, abs=1e-12), metric
+    # q4 (in qrels, not in the run) has no value, like MTEB leaves it out of the mean.
+    assert all(set(values) == {"q1", "q2", "q3"} for values in per_query.values())
+    assert retrieval.mean_metrics(per_query) == retrieval.retrieval_metrics(QRELS, RUN, (2, 4))
+
+
 def test_ties_follow_doc_id_not_insertion_order():
     reordered = {**RUN, "q2": {"y": 0.5, "x": 0.5, "z": 0.1}}
     assert retrieval.retrieval_metrics(QRELS, reordered, ks=(1,)) == retrieval.retrieval_metrics(

@@ -1,0 +1,155 @@
+"""Paired comparison of two models on the same queries: is a difference in a mean metric real?
+
+FinanceBench has 150 questions, so a difference of a few thousandths in nDCG@10 between two
+models can be one question ranked differently. `paired_comparison` takes the per-query values of
+both models (`retrieval.per_query_metrics`, saved by `caliber_jax.evaluate` under
+`results["per_query"][task]`) and reports the mean difference with
+
+- a paired bootstrap confidence interval (queries resampled with replacement, percentile
+  interval; `scipy.stats.bootstrap`), and
+- a two-sided paired randomization test (each query's difference flips sign under the null of
+  exchangeable models, Fisher's test that Smucker et al. 2007 recommend for IR;
+  `scipy.stats.permutation_test`, exact when 2^n <= resamples),
+
+plus the queries won, lost and tied.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+PER_QUERY = "per_query"
+
+
+def paired_differences(
+    a: Mapping[str, float], b: Mapping[str, float], *, name_a: str = "a", name_b: str = "b"
+) -> np.ndarray:
+    """`a[q] - b[q]` for every query, in sorted query order; both must score the same queries."""
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    if only_a or only_b:
+        raise ValueError(
+            f"{name_a} and {name_b} scored different queries: {len(only_a)} only in {name_a} "
+            f"(e.g. {only_a[:3]}), {len(only_b)} only in {name_b} (e.g. {only_b[:3]})"
+        )
+    if not a:
+        raise ValueError(f"{name_a} and {name_b} have no query to compare")
+    queries = sorted(a)
+    return np.array([a[q] for q in queries], np.float64) - np.array([b[q] for q in queries])
+
+
+def paired_comparison(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    *,
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    name_a: str = "a",
+    name_b: str = "b",
+) -> dict[str, float]:
+    """Mean of `a - b` over the shared queries, its bootstrap interval and randomization p-value.
+
+    Args:
+      a, b: query id -> metric value of the two models (the same query ids).
+      resamples: bootstrap resamples and randomization permutations.
+      confidence: level of the interval.
+      seed: seeds both procedures (the same inputs give the same numbers).
+      name_a, name_b: names for error messages.
+
+    Returns:
+      {"n", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value", "wins", "losses",
+      "ties"}: wins are queries where a > b.
+    """
+    diffs = paired_differences(a, b, name_a=name_a, name_b=name_b)
+    queries = sorted(a)
+    mean_a = float(np.mean([a[q] for q in queries]))
+    mean_b = float(np.mean([b[q] for q in queries]))
+    if np.all(diffs == diffs[0]):  # no spread: resampling cannot move the mean
+        low = high = float(diffs[0])
+        p_value = 1.0 if diffs[0] == 0 else 2.0 ** (1 - len(diffs))
+    else:
+        interval = stats.bootstrap(
+            (diffs,),
+            np.mean,
+            n_resamples=resamples,
+            confidence_level=confidence,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval
+        low, high = float(interval.low), float(interval.high)
+        p_value = float(
+            stats.permutation_test(
+                (diffs,),
+                np.mean,
+                permutation_type="samples",
+                n_resamples=resamples,
+                alternative="two-sided",
+                rng=np.random.default_rng(seed),
+            ).pvalue
+        )
+    return {
+        "n": len(diffs),
+        "mean_a": mean_a,
+        "mean_b": mean_b,
+        "diff": float(np.mean(diffs)),
+        "ci_low": low,
+        "ci_high": high,
+        "p_value": p_value,
+        "wins": int(np.sum(diffs > 0)),
+        "losses": int(np.sum(diffs < 0)),
+        "ties": int(np.sum(diffs == 0)),
+    }
+
+
+def per_query_values(result: Mapping[str, Any], task: str, metric: str) -> dict[str, float]:
+    """One model's per-query `metric` of `task` from a `caliber_jax.evaluate` results dict."""
+    label = result.get("label", "the results")
+    try:
+        return dict(result[PER_QUERY][task][metric])
+    except KeyError:
+        raise ValueError(
+            f"{label} has no per-query {metric} for {task!r} (evaluate it again: per-query values "
+            "are saved since the paired comparisons were added)"
+        ) from None
+
+
+def compare_results(
+    results: Mapping[str, Mapping[str, Any]],
+    pairs: Sequence[tuple[str, str]],
+    *,
+    task: str = "financebench",
+    metric: str = "ndcg_at_10",
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """`paired_comparison` of each (label a, label b) in `pairs`, from results keyed by label."""
+    rows = []
+    for label_a, label_b in pairs:
+        values = [per_query_values(results[label], task, metric) for label in (label_a, label_b)]
+        comparison = paired_comparison(
+            *values, resamples=resamples, seed=seed, name_a=label_a, name_b=label_b
+        )
+        rows.append({"a": label_a, "b": label_b, **comparison})
+    return rows
+
+
+def format_comparisons(rows: Sequence[Mapping[str, Any]], *, metric: str, task: str) -> str:
+    """Markdown table of `compare_results` rows."""
+    header = (
+        f"| a | b | {metric} a | {metric} b | a - b | 95% CI | p | a wins / loses / ties |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = [
+        f"| {r['a']} | {r['b']} | {r['mean_a']:.4f} | {r['mean_b']:.4f} | {r['diff']:+.4f} | "
+        f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {r['p_value']:.3g} | "
+        f"{r['wins']} / {r['losses']} / {r['ties']} |"
+        for r in rows
+    ]
+    n = rows[0]["n"] if rows else 0
+    title = (
+        f"## Paired comparisons, {task} {metric} ({n} queries; paired bootstrap interval, "
+        "two-sided randomization test)\n\n"
+    )
+    return title + header + "\n".join(lines) + "\n"

@@ -1,0 +1,107 @@
+"""Tests for caliber_jax/eval/significance.py and the `caliber_jax.compare` entry point."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from caliber_jax.eval import significance
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_exact_randomization_p_value_on_three_queries():
+    # Differences +1, +1, +0.5: of the 8 sign patterns only all-plus and all-minus reach
+    # |mean| >= 2.5/3, so the exact two-sided p-value is 2/8.
+    a = {"q1": 1.0, "q2": 1.0, "q3": 0.5}
+    b = {"q1": 0.0, "q2": 0.0, "q3": 0.0}
+    result = significance.paired_comparison(a, b, resamples=1000)
+    assert result["p_value"] == pytest.approx(0.25)
+    assert result["diff"] == pytest.approx(2.5 / 3)
+    assert (result["wins"], result["losses"], result["ties"], result["n"]) == (3, 0, 0, 3)
+    # The bootstrap mean of 3 values lies between their min and max.
+    assert 0.5 <= result["ci_low"] <= result["diff"] <= result["ci_high"] <= 1.0
+
+
+def test_identical_and_constant_differences():
+    a = {f"q{i}": i / 10 for i in range(10)}
+    same = significance.paired_comparison(a, dict(a))
+    assert same["diff"] == 0.0 and same["p_value"] == 1.0
+    assert (same["ci_low"], same["ci_high"]) == (0.0, 0.0) and same["ties"] == 10
+    shifted = significance.paired_comparison({q: v + 0.1 for q, v in a.items()}, a)
+    # Every query moves by the same amount: only the two all-same-sign patterns are as extreme.
+    assert shifted["p_value"] == pytest.approx(2.0**-9)
+    assert shifted["ci_low"] == pytest.approx(0.1) and shifted["ci_high"] == pytest.approx(0.1)
+
+
+def test_real_difference_is_found_and_noise_is_not():
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0, 1, 150)
+    queries = [f"q{i}" for i in range(150)]
+    b = dict(zip(queries, base, strict=True))
+    better = dict(zip(queries, base + 0.05 + rng.normal(0, 0.1, 150), strict=True))
+    noise = dict(zip(queries, base + rng.normal(0, 0.1, 150), strict=True))
+    found = significance.paired_comparison(better, b, resamples=2000)
+    assert found["p_value"] < 0.001 and found["ci_low"] > 0
+    null = significance.paired_comparison(noise, b, resamples=2000)
+    assert null["p_value"] > 0.05 and null["ci_low"] < 0 < null["ci_high"]
+    # Deterministic for a seed.
+    assert significance.paired_comparison(noise, b, resamples=2000) == null
+
+
+def test_different_queries_are_refused():
+    with pytest.raises(ValueError, match=r"LEAF and Caliber scored different queries: 1 only in"):
+        significance.paired_comparison(
+            {"q1": 1.0, "q2": 0.0}, {"q1": 1.0}, name_a="LEAF", name_b="Caliber"
+        )
+
+
+def _results_file(path, label, values):
+    per_query = {"ndcg_at_10": dict(values)}
+    mean = sum(values.values()) / len(values)
+    result = {"financebench": {"ndcg_at_10": mean}, "label": label,
+              "per_query": {"financebench": per_query}}  # fmt: skip
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_compare_results_table():
+    results = {
+        "Teacher": {"per_query": {"financebench": {"ndcg_at_10": {"q1": 1.0, "q2": 0.5}}}},
+        "LEAF": {"per_query": {"financebench": {"ndcg_at_10": {"q1": 0.5, "q2": 0.5}}}},
+        "old": {"financebench": {"ndcg_at_10": 0.5}, "label": "old"},
+    }
+    rows = significance.compare_results(results, [("LEAF", "Teacher")])
+    assert rows[0]["a"] == "LEAF" and rows[0]["diff"] == pytest.approx(-0.25)
+    table = significance.format_comparisons(rows, metric="ndcg_at_10", task="financebench")
+    assert "| LEAF | Teacher | 0.5000 | 0.7500 | -0.2500 |" in table
+    assert "0 / 1 / 1 |" in table and "(2 queries;" in table
+    with pytest.raises(ValueError, match="old has no per-query ndcg_at_10 for 'financebench'"):
+        significance.compare_results(results, [("old", "LEAF")])
+
+
+def test_compare_cli(tmp_path):
+    base = {f"q{i}": (i % 5) / 5 for i in range(40)}
+    first = _results_file(tmp_path / "leaf.json", "LEAF", base)
+    second = _results_file(tmp_path / "cal.json", "Caliber", {q: v + 0.2 for q, v in base.items()})
+    out = tmp_path / "cmp.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.compare", str(first), str(second), f"--output={out}",
+         "--resamples=500"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| Caliber | LEAF |" in done.stdout and "+0.2000" in done.stdout
+    assert out.read_text() == done.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    failed = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.compare", str(first), str(bad)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert failed.returncode == 2
+    assert f"{bad}: not a results JSON" in failed.stderr
+    assert "Traceback" not in failed.stderr
