@@ -287,9 +287,11 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
         path = out / "results" / slug(label) / f"{tasks.replace(',', '+')}.json"
         model_dir = Path(model_args[model_args.index("--model") + 1])
-        if not path.is_file() or (lacks_per_query(path, tasks) and model_dir.exists()):
+        again = path.is_file() and lacks_per_query(path, tasks) and model_dir.exists()
+        if not path.is_file() or again:
             run(
-                f"evaluate {label} ({tasks})",
+                # A re-evaluation's wall time is kept apart from the first one's.
+                f"{'re-evaluate' if again else 'evaluate'} {label} ({tasks})",
                 [
                     "-m",
                     "caliber_jax.evaluate",
