@@ -2,6 +2,7 @@
 
     python -m caliber_jax.compare runs/leaf/results.json runs/caliber/results.json \\
         [more results.json ...] [--task financebench] [--metric ndcg_at_10] [--output cmp.md]
+    python -m caliber_jax.compare leaf.json caliber.json --task numgap --metric D   # or M
 
 Each results file is one `caliber_jax.evaluate` output (which saves per-query values). Every file
 after the first is compared with the first, on the queries both scored: mean difference (later
@@ -64,8 +65,10 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    flags.DEFINE_string("task", "financebench", "Task whose per-query values are compared.")
-    flags.DEFINE_string("metric", "ndcg_at_10", "Metric, e.g. ndcg_at_10, recall_at_100.")
+    flags.DEFINE_string("task", "financebench", "Task whose per-query values are compared "
+                        "(financebench, bm25, numgap).")  # fmt: skip
+    flags.DEFINE_string("metric", "ndcg_at_10", "Metric, e.g. ndcg_at_10, recall_at_100; "
+                        "numgap: D or M.")  # fmt: skip
     flags.DEFINE_integer("resamples", 10_000, "Bootstrap resamples and randomization draws.")
     flags.DEFINE_integer("seed", 0, "Seed of both procedures.")
     flags.DEFINE_string("output", None, "Also write the Markdown table here.")

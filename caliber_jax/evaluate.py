@@ -7,10 +7,10 @@
 
 Results: {"financebench": {8 metrics}, "numgap": {"overall": {"D", "M", "n"}, category: ...},
 "mrl": {"dim_<k>" | "int8" | "binary": {8 metrics}}, "asymmetric": {8 metrics}, "bm25": {8 metrics},
-"per_query": {"financebench" | "bm25": {metric: {query id: value}}} (paired tests:
-`python -m caliber_jax.compare`), "model": DIR, "label": NAME, "settings": {...}}, with only the
-tasks that were run. `results.md` (the output path with suffix .md) holds the same as tables. The
-core is `run_evaluation`.
+"per_query": {"financebench" | "bm25": {metric: {query id: value}}, "numgap": {"D" | "M":
+{record id: value}}} (paired tests: `python -m caliber_jax.compare`), "model": DIR, "label": NAME,
+"settings": {...}}, with only the tasks that were run. `results.md` (the output path with suffix
+.md) holds the same as tables. The core is `run_evaluation`.
 """
 
 import dataclasses
@@ -104,7 +104,8 @@ def _with_per_query(qrels: Mapping, run: Mapping) -> dict:
 
 
 def _numgap(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    return numgap.evaluate(encode_fn, _need(inputs.numgap, "NumGap records", "numgap"))
+    records = _need(inputs.numgap, "NumGap records", "numgap")
+    return numgap.evaluate(encode_fn, records, per_record=True)
 
 
 def _mrl(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
@@ -195,8 +196,8 @@ def run_evaluation(
       inputs: the data the tasks need.
 
     Returns:
-      {task: results} in the order of `tasks`, and for the retrieval tasks that keep them
-      ("financebench", "bm25") `"per_query": {task: {metric: {query id: value}}}`.
+      {task: results} in the order of `tasks`, and for the tasks that keep them ("financebench",
+      "bm25", "numgap") `"per_query": {task: {metric: {query or record id: value}}}`.
     """
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:

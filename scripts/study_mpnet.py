@@ -44,6 +44,9 @@ MRL_DIMS = "768,512,384,256,128,64"
 # financebench and mrl share one process, which encodes the FinanceBench texts once for both.
 TASKS_TEACHER = ("financebench,mrl", "numgap")
 TASKS_STUDENT = ("financebench,mrl", "numgap", "asymmetric")
+# Tasks whose per-query values the paired tests read: (task, metric) of each table.
+PAIRED = (("financebench", "ndcg_at_10"), ("numgap", "D"), ("numgap", "M"))
+PAIRED_TASKS = {task for task, _ in PAIRED}
 RunFn = Callable[[str, list[str], dict[str, float]], None]
 
 
@@ -73,11 +76,11 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
 
 
 def lacks_per_query(path: Path, tasks: str) -> bool:
-    """A FinanceBench results file written before per-query values were saved (re-evaluated
-    when its model is still on disk, so that the paired comparisons cover it)."""
-    if "financebench" not in tasks.split(","):
-        return False
-    return significance.PER_QUERY not in json.loads(path.read_text())
+    """A FinanceBench or NumGap results file written before per-query (per-record) values were
+    saved (re-evaluated when its model is still on disk, so that the paired tests cover it)."""
+    paired = [task for task in tasks.split(",") if task in PAIRED_TASKS]
+    saved = json.loads(path.read_text()).get(significance.PER_QUERY, {})
+    return any(task not in saved for task in paired)
 
 
 def _parts(label: str) -> tuple[str, str, str]:
@@ -252,14 +255,13 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
         table = evaluate.format_markdown(results)
-        pairs = comparison_pairs(
-            [label for label, result in results.items() if significance.PER_QUERY in result]
-        )
-        if pairs:
-            rows = significance.compare_results(results, pairs)
-            table += "\n" + significance.format_comparisons(
-                rows, metric="ndcg_at_10", task="financebench"
-            )
+        for task, metric in PAIRED:
+            scored = [label for label, result in results.items()
+                      if task in result.get(significance.PER_QUERY, {})]  # fmt: skip
+            pairs = comparison_pairs(scored)
+            if pairs:
+                rows = significance.compare_results(results, pairs, task=task, metric=metric)
+                table += "\n" + significance.format_comparisons(rows, metric=metric, task=task)
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
         (out / "study.md").write_text(report)
@@ -304,7 +306,13 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
                 times,
             )
         record_file(path, out, record)
-        results.setdefault(label, {}).update(json.loads(path.read_text()))
+        loaded = json.loads(path.read_text())
+        # Each file's per-query values join the model's others (financebench's, numgap's).
+        per_query = results.get(label, {}).get(significance.PER_QUERY, {})
+        per_query = {**per_query, **loaded.pop(significance.PER_QUERY, {})}
+        results.setdefault(label, {}).update(loaded)
+        if per_query:
+            results[label][significance.PER_QUERY] = per_query
         save()
 
     init_dir = study_mpnet.get_config().model.init_dir

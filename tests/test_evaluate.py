@@ -75,8 +75,15 @@ def test_run_evaluation_minilm_layout(minilm_dir, filing_passages, tmp_path):
     assert list(results) == tasks
     assert set(results["financebench"]) == METRICS
     # Each query's values (6 decimals) average to the reported means.
-    assert set(per_query) == {"financebench", "bm25"}
-    for task in per_query:
+    assert set(per_query) == {"financebench", "bm25", "numgap"}
+    # NumGap: each record's 1[s_p < s_d] and s_d - s_p, averaging to D and M.
+    gaps = per_query.pop("numgap")
+    assert set(gaps) == {"D", "M"} and len(gaps["D"]) == len(gaps["M"]) == 4
+    for name in ("D", "M"):
+        mean = sum(gaps[name].values()) / 4
+        assert mean == pytest.approx(results["numgap"]["overall"][name], abs=1e-6), name
+    per_query["numgap"] = gaps
+    for task in ("financebench", "bm25"):
         assert set(per_query[task]) == METRICS
         for metric, values in per_query[task].items():
             assert set(values) == set(inputs.financebench[0])

@@ -186,9 +186,12 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
                 out = Path(options["--output"])
                 out.parent.mkdir(parents=True, exist_ok=True)
                 result = {"label": options["--label"]}
-                if "financebench" in options["--tasks"].split(","):  # per-query nDCG@10
+                tasks, values = options["--tasks"].split(","), {"q1": 0.5, "q2": 0.25}
+                if "financebench" in tasks:  # per-query nDCG@10
                     values = {"q1": 0.5, "q2": len(options["--label"]) / 100}
                     result["per_query"] = {"financebench": {"ndcg_at_10": values}}
+                if "numgap" in tasks:  # per-record D and M
+                    result["per_query"] = {"numgap": {"D": {"0:a": 1, "1:b": 0}, "M": values}}
                 out.write_text(json.dumps(result))
             times[stage] = 1.0
 
@@ -235,8 +238,11 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
     # The paired tests of the models that have per-query values, in study.md.
     report = (tmp_path / "fresh" / "study.md").read_text()
-    assert "## Paired comparisons, financebench ndcg_at_10 (2 queries;" in report
+    assert "## Paired comparisons, financebench ndcg_at_10 (n = 2;" in report
     assert "| Caliber lp s0 | LEAF lp s0 |" in report and "| LEAF s0 | Initial s0 |" in report
+    # NumGap's per-record values (another file of the same model) join, not replace, them.
+    assert "## Paired comparisons, numgap D (n = 2;" in report
+    assert "## Paired comparisons, numgap M (n = 2;" in report
     state = json.loads((tmp_path / "fresh" / "study.json").read_text())
     assert set(state["results"]) == {"Initial s0", "Initial t384 s0", "Teacher", "LEAF s0",
                                      "Initial lp s0", "LEAF lp s0", "Caliber lp s0",
@@ -327,4 +333,5 @@ def test_results_written_before_per_query_values_are_stale(tmp_path):
     new.write_text(json.dumps({"financebench": {}, "per_query": {"financebench": {}}}))
     assert study_mpnet.lacks_per_query(old, "financebench,mrl")
     assert not study_mpnet.lacks_per_query(new, "financebench,mrl")
-    assert not study_mpnet.lacks_per_query(old, "numgap")
+    assert study_mpnet.lacks_per_query(old, "numgap")
+    assert not study_mpnet.lacks_per_query(old, "asymmetric")

@@ -4,6 +4,7 @@ NumGap-D = mean 1[s_p < s_d] and NumGap-M = mean(s_d - s_p), with s_p = cos(x, p
 s_d = cos(x, x_dist), overall and per perturbation category. No jax.
 """
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,15 +23,12 @@ def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / np.maximum(norms, 1e-12)
 
 
-def numgap_scores(
+def record_gaps(
     anchor_vecs: np.ndarray, pert_vecs: np.ndarray, dist_vecs: np.ndarray
-) -> tuple[float, float]:
-    """NumGap-D and NumGap-M of `[N, D]` anchor, perturbation and distractor vectors.
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's NumGap outcome: `(1[s_p < s_d], s_d - s_p)`, two `[N]` arrays (bool, float64).
 
     Cosines are computed in float64 from the vectors as given (divided by their norms).
-
-    Returns:
-      `(D, M)`: D = mean 1[s_p < s_d] (strict; random = 0.5), M = mean(s_d - s_p).
     """
     if not anchor_vecs.shape == pert_vecs.shape == dist_vecs.shape or anchor_vecs.ndim != 2:
         raise ValueError(
@@ -41,7 +39,19 @@ def numgap_scores(
         raise ValueError("NumGap needs at least one record")
     s_p = _row_cosine(anchor_vecs, pert_vecs)
     s_d = _row_cosine(anchor_vecs, dist_vecs)
-    return float(np.mean(s_p < s_d)), float(np.mean(s_d - s_p))
+    return s_p < s_d, s_d - s_p
+
+
+def numgap_scores(
+    anchor_vecs: np.ndarray, pert_vecs: np.ndarray, dist_vecs: np.ndarray
+) -> tuple[float, float]:
+    """NumGap-D and NumGap-M of `[N, D]` anchor, perturbation and distractor vectors.
+
+    Returns:
+      `(D, M)`: D = mean 1[s_p < s_d] (strict; random = 0.5), M = mean(s_d - s_p).
+    """
+    hits, gaps = record_gaps(anchor_vecs, pert_vecs, dist_vecs)
+    return float(np.mean(hits)), float(np.mean(gaps))
 
 
 def load_numgap(path: str | Path) -> list[dict[str, str]]:
@@ -64,8 +74,23 @@ def load_numgap(path: str | Path) -> list[dict[str, str]]:
     return records
 
 
-def evaluate(encode_fn: EncodeFn, records: Sequence[dict[str, str]]) -> dict[str, dict[str, float]]:
+def record_id(index: int, record: dict[str, str]) -> str:
+    """`<position>:<hash of the three texts>`: unique within a file, and two results files scored
+    on different NumGap files do not share ids (a paired test of them is refused)."""
+    texts = "\x00".join(record[field] for field in FIELDS[1:])
+    return f"{index}:{hashlib.sha1(texts.encode()).hexdigest()[:8]}"
+
+
+def evaluate(
+    encode_fn: EncodeFn, records: Sequence[dict[str, str]], *, per_record: bool = False
+) -> dict[str, dict]:
     """NumGap-D/M overall and per category; each unique text is encoded once.
+
+    Args:
+      encode_fn: `texts -> [n, D]` vectors.
+      records: NumGap records (`load_numgap`).
+      per_record: also return each record's outcome under "per_query" (paired tests,
+        `significance`): {"D": {id: 0 | 1}, "M": {id: s_d - s_p (6 decimals)}} (`record_id`).
 
     Returns:
       {"overall": {"D", "M", "n"}, "<category>": {"D", "M", "n"}, ...}, categories sorted.
@@ -75,15 +100,22 @@ def evaluate(encode_fn: EncodeFn, records: Sequence[dict[str, str]]) -> dict[str
     texts = list(dict.fromkeys(r[field] for r in records for field in FIELDS[1:]))
     vectors = encode_texts(encode_fn, texts, "NumGap texts")
     row_of = {text: row for row, text in enumerate(texts)}
+    anchor, pert, dist = (vectors[[row_of[r[field]] for r in records]] for field in FIELDS[1:])
+    hits, gaps = record_gaps(anchor, pert, dist)
 
-    def scores(subset: Sequence[dict[str, str]]) -> dict[str, float]:
-        anchor, pert, dist = (vectors[[row_of[r[field]] for r in subset]] for field in FIELDS[1:])
-        d, m = numgap_scores(anchor, pert, dist)
-        return {"D": d, "M": m, "n": len(subset)}
+    def scores(rows: np.ndarray) -> dict[str, float]:
+        return {"D": float(np.mean(hits[rows])), "M": float(np.mean(gaps[rows])), "n": len(rows)}
 
-    results = {"overall": scores(records)}
-    for category in sorted({r["category"] for r in records}):
+    results: dict[str, dict] = {"overall": scores(np.arange(len(records)))}
+    categories = np.array([r["category"] for r in records])
+    for category in sorted(set(categories)):
         if category == "overall":
             raise ValueError("a NumGap category may not be called 'overall'")
-        results[category] = scores([r for r in records if r["category"] == category])
+        results[str(category)] = scores(np.flatnonzero(categories == category))
+    if per_record:
+        ids = [record_id(index, r) for index, r in enumerate(records)]
+        results["per_query"] = {
+            "D": {i: int(hit) for i, hit in zip(ids, hits, strict=True)},
+            "M": {i: round(float(gap), 6) for i, gap in zip(ids, gaps, strict=True)},
+        }
     return results

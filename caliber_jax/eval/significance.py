@@ -149,7 +149,7 @@ def format_comparisons(rows: Sequence[Mapping[str, Any]], *, metric: str, task: 
     ]
     n = rows[0]["n"] if rows else 0
     title = (
-        f"## Paired comparisons, {task} {metric} ({n} queries; paired bootstrap interval, "
+        f"## Paired comparisons, {task} {metric} (n = {n}; paired bootstrap interval, "
         "two-sided randomization test)\n\n"
     )
     return title + header + "\n".join(lines) + "\n"

@@ -96,3 +96,20 @@ def test_load_numgap_round_trip_and_errors(tmp_path):
     bad.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match=f"{bad}:1: expected a JSON object"):
         numgap.load_numgap(bad)
+
+
+def test_evaluate_per_record_outcomes_average_to_the_scores():
+    records, table = _records()
+    results = numgap.evaluate(lambda texts: np.stack([table[t] for t in texts]), records,
+                              per_record=True)  # fmt: skip
+    per_record = results.pop("per_query")
+    assert list(results) == ["overall", "magnitude", "polarity", "unit"]
+    ids = [numgap.record_id(index, record) for index, record in enumerate(records)]
+    assert list(per_record["D"]) == list(per_record["M"]) == ids
+    assert all(i.startswith(f"{n}:") for n, i in enumerate(ids))
+    # The hand values of the test above, record by record: records 1 and 3 (magnitude) count.
+    assert [per_record["D"][i] for i in ids] == [1, 0, 1, 0]
+    assert np.mean(list(per_record["M"].values())) == pytest.approx(results["overall"]["M"])
+    # The same position with other texts gets another id: files that differ do not pair up.
+    other = dict(records[0], perturbed=records[0]["perturbed"] + " (restated)")
+    assert numgap.record_id(0, other) != ids[0]

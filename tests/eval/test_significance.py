@@ -78,7 +78,7 @@ def test_compare_results_table():
     assert rows[0]["a"] == "LEAF" and rows[0]["diff"] == pytest.approx(-0.25)
     table = significance.format_comparisons(rows, metric="ndcg_at_10", task="financebench")
     assert "| LEAF | Teacher | 0.5000 | 0.7500 | -0.2500 |" in table
-    assert "0 / 1 / 1 |" in table and "(2 queries;" in table
+    assert "0 / 1 / 1 |" in table and "(n = 2;" in table
     with pytest.raises(ValueError, match="old has no per-query ndcg_at_10 for 'financebench'"):
         significance.compare_results(results, [("old", "LEAF")])
 
