@@ -44,9 +44,6 @@ MRL_DIMS = "768,512,384,256,128,64"
 # financebench and mrl share one process, which encodes the FinanceBench texts once for both.
 TASKS_TEACHER = ("financebench,mrl", "numgap")
 TASKS_STUDENT = ("financebench,mrl", "numgap", "asymmetric")
-# Tasks whose per-query values the paired tests read: (task, metric) of each table.
-PAIRED = (("financebench", "ndcg_at_10"), ("numgap", "D"), ("numgap", "M"))
-PAIRED_TASKS = {task for task, _ in PAIRED}
 RunFn = Callable[[str, list[str], dict[str, float]], None]
 
 
@@ -78,45 +75,10 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
 def lacks_per_query(path: Path, tasks: str) -> bool:
     """A FinanceBench or NumGap results file written before per-query (per-record) values were
     saved (re-evaluated when its model is still on disk, so that the paired tests cover it)."""
-    paired = [task for task in tasks.split(",") if task in PAIRED_TASKS]
+    paired_tasks = {task for task, _ in significance.PAIRED}
+    paired = [task for task in tasks.split(",") if task in paired_tasks]
     saved = json.loads(path.read_text()).get(significance.PER_QUERY, {})
     return any(task not in saved for task in paired)
-
-
-def _parts(label: str) -> tuple[str, str, str]:
-    """'Caliber lp long s1' -> ('Caliber', 'lp long', 's1'); 'Teacher' -> ('Teacher', '', '')."""
-    objective, *rest = label.split(" ")
-    seed = rest.pop() if rest and rest[-1][:1] == "s" and rest[-1][1:].isdigit() else ""
-    return objective, " ".join(rest), seed
-
-
-def comparison_pairs(labels: list[str]) -> list[tuple[str, str]]:
-    """The (a, b) pairs of the study's paired tests, among `labels`: every model against the
-    Teacher; every trained student against its untrained start (the Initial of the same variant,
-    the first seed's when the fitted start is the same for every seed); every other objective
-    against LEAF of the same variant and seed; a later seed against the first seed's run of the
-    same model (the seed-to-seed noise that a method difference has to exceed)."""
-    present = set(labels)
-    pairs = []
-    for label in labels:
-        objective, variant, seed = _parts(label)
-        if label == "Teacher":
-            continue
-        if "Teacher" in present:
-            pairs.append((label, "Teacher"))
-        if objective == "Initial":
-            continue
-        initials = [other for other in labels if _parts(other)[:2] == ("Initial", variant)]
-        same_seed = [other for other in initials if _parts(other)[2] == seed]
-        if same_seed or initials:
-            pairs.append((label, (same_seed or initials)[0]))
-        leaf = " ".join(part for part in ("LEAF", variant, seed) if part)
-        if objective != "LEAF" and leaf in present:
-            pairs.append((label, leaf))
-        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)]
-        if seeds and seeds[0] != label:
-            pairs.append((label, seeds[0]))
-    return pairs
 
 
 def validation_curve(metrics: Path) -> list[dict[str, float]]:
@@ -255,13 +217,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
         table = evaluate.format_markdown(results)
-        for task, metric in PAIRED:
-            scored = [label for label, result in results.items()
-                      if task in result.get(significance.PER_QUERY, {})]  # fmt: skip
-            pairs = comparison_pairs(scored)
-            if pairs:
-                rows = significance.compare_results(results, pairs, task=task, metric=metric)
-                table += "\n" + significance.format_comparisons(rows, metric=metric, task=task)
+        table += significance.paired_tables(results)
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
         (out / "study.md").write_text(report)

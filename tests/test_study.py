@@ -24,7 +24,12 @@ def test_study_smoke_runs_every_stage(tmp_path):
     assert study["results"]["Teacher"]["financebench"]["ndcg_at_10"] > 0.4
     assert study["results"]["Caliber s0"]["train_summary"]["step"] == 3
     assert (out / "LEAF_s0" / "hf" / "modules.json").is_file()
-    assert "## FinanceBenchRetrieval" in (out / "study.md").read_text()
+    report = (out / "study.md").read_text()
+    assert "## FinanceBenchRetrieval" in report
+    # Paired tests on the same queries / NumGap records, Caliber against LEAF among them.
+    for table in ("financebench ndcg_at_10", "numgap D", "numgap M"):
+        assert f"## Paired comparisons, {table} (n = " in report, table
+    assert "| Caliber s0 | LEAF s0 |" in report
     assert any((out / "figures").glob("*.png"))
 
 

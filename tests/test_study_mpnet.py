@@ -306,25 +306,6 @@ def test_validation_curve_keeps_the_val_rows_last_one_per_step(tmp_path):
     ]
 
 
-def test_comparison_pairs_of_the_long_study():
-    labels = ["Teacher", "LEAF lp long s0", "Caliber lp long s0", "Initial lp long s0",
-              "LEAF lp long s1", "Caliber lp long s1"]  # fmt: skip
-    assert study_mpnet.comparison_pairs(labels) == [
-        ("LEAF lp long s0", "Teacher"), ("LEAF lp long s0", "Initial lp long s0"),
-        ("Caliber lp long s0", "Teacher"), ("Caliber lp long s0", "Initial lp long s0"),
-        ("Caliber lp long s0", "LEAF lp long s0"),
-        ("Initial lp long s0", "Teacher"),
-        ("LEAF lp long s1", "Teacher"), ("LEAF lp long s1", "Initial lp long s0"),
-        ("LEAF lp long s1", "LEAF lp long s0"),
-        ("Caliber lp long s1", "Teacher"), ("Caliber lp long s1", "Initial lp long s0"),
-        ("Caliber lp long s1", "LEAF lp long s1"), ("Caliber lp long s1", "Caliber lp long s0"),
-    ]  # fmt: skip
-    # Without a teacher or a start, only the objective and seed pairs remain.
-    assert study_mpnet.comparison_pairs(["Numeric lp s0", "LEAF lp s0"]) == [
-        ("Numeric lp s0", "LEAF lp s0")
-    ]
-
-
 def test_results_written_before_per_query_values_are_stale(tmp_path):
     import json
 

@@ -11,7 +11,9 @@ both models (`retrieval.per_query_metrics`, saved by `caliber_jax.evaluate` unde
   exchangeable models, Fisher's test that Smucker et al. 2007 recommend for IR;
   `scipy.stats.permutation_test`, exact when 2^n <= resamples),
 
-plus the queries won, lost and tied.
+plus the queries won, lost and tied. `paired_tables` gives a study report's tables: every model
+against the teacher, its untrained start, LEAF and its first seed (`comparison_pairs`), for
+nDCG@10, NumGap-D and NumGap-M.
 """
 
 from collections.abc import Mapping, Sequence
@@ -21,6 +23,8 @@ import numpy as np
 from scipy import stats
 
 PER_QUERY = "per_query"
+# The paired tables of a study report: (task, metric) of each.
+PAIRED = (("financebench", "ndcg_at_10"), ("numgap", "D"), ("numgap", "M"))
 
 
 def paired_differences(
@@ -153,3 +157,54 @@ def format_comparisons(rows: Sequence[Mapping[str, Any]], *, metric: str, task: 
         "two-sided randomization test)\n\n"
     )
     return title + header + "\n".join(lines) + "\n"
+
+
+def _parts(label: str) -> tuple[str, str, str]:
+    """'Caliber lp long s1' -> ('Caliber', 'lp long', 's1'); 'Teacher' -> ('Teacher', '', '')."""
+    objective, *rest = label.split(" ")
+    seed = rest.pop() if rest and rest[-1][:1] == "s" and rest[-1][1:].isdigit() else ""
+    return objective, " ".join(rest), seed
+
+
+def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
+    """The (a, b) pairs of a study's paired tests, among labels "<objective> [variant] [s<seed>]"
+    ("Teacher", "Initial lp s0", "Caliber lp long s1"): every model against the
+    Teacher; every trained student against its untrained start (the Initial of the same variant,
+    the first seed's when the fitted start is the same for every seed); every other objective
+    against LEAF of the same variant and seed; a later seed against the first seed's run of the
+    same model (the seed-to-seed noise that a method difference has to exceed)."""
+    present = set(labels)
+    pairs = []
+    for label in labels:
+        objective, variant, seed = _parts(label)
+        if label == "Teacher":
+            continue
+        if "Teacher" in present:
+            pairs.append((label, "Teacher"))
+        if objective == "Initial":
+            continue
+        initials = [other for other in labels if _parts(other)[:2] == ("Initial", variant)]
+        same_seed = [other for other in initials if _parts(other)[2] == seed]
+        if same_seed or initials:
+            pairs.append((label, (same_seed or initials)[0]))
+        leaf = " ".join(part for part in ("LEAF", variant, seed) if part)
+        if objective != "LEAF" and leaf in present:
+            pairs.append((label, leaf))
+        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)]
+        if seeds and seeds[0] != label:
+            pairs.append((label, seeds[0]))
+    return pairs
+
+
+def paired_tables(results: Mapping[str, Mapping[str, Any]], *, resamples: int = 10_000) -> str:
+    """Markdown: a table of `comparison_pairs` per (task, metric) of PAIRED, among the models of
+    `results` (keyed by label) that kept that task's per-query values; "" when there is none."""
+    tables = []
+    for task, metric in PAIRED:
+        scored = [label for label, result in results.items()
+                  if metric in result.get(PER_QUERY, {}).get(task, {})]  # fmt: skip
+        pairs = comparison_pairs(scored)
+        if pairs:
+            rows = compare_results(results, pairs, task=task, metric=metric, resamples=resamples)
+            tables.append(format_comparisons(rows, metric=metric, task=task))
+    return "".join("\n" + table for table in tables)

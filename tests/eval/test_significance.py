@@ -105,3 +105,42 @@ def test_compare_cli(tmp_path):
     assert failed.returncode == 2
     assert f"{bad}: not a results JSON" in failed.stderr
     assert "Traceback" not in failed.stderr
+
+
+def test_comparison_pairs_of_the_long_study():
+    labels = ["Teacher", "LEAF lp long s0", "Caliber lp long s0", "Initial lp long s0",
+              "LEAF lp long s1", "Caliber lp long s1"]  # fmt: skip
+    assert significance.comparison_pairs(labels) == [
+        ("LEAF lp long s0", "Teacher"), ("LEAF lp long s0", "Initial lp long s0"),
+        ("Caliber lp long s0", "Teacher"), ("Caliber lp long s0", "Initial lp long s0"),
+        ("Caliber lp long s0", "LEAF lp long s0"),
+        ("Initial lp long s0", "Teacher"),
+        ("LEAF lp long s1", "Teacher"), ("LEAF lp long s1", "Initial lp long s0"),
+        ("LEAF lp long s1", "LEAF lp long s0"),
+        ("Caliber lp long s1", "Teacher"), ("Caliber lp long s1", "Initial lp long s0"),
+        ("Caliber lp long s1", "LEAF lp long s1"), ("Caliber lp long s1", "Caliber lp long s0"),
+    ]  # fmt: skip
+    # Without a teacher or a start, only the objective and seed pairs remain.
+    assert significance.comparison_pairs(["Numeric lp s0", "LEAF lp s0"]) == [
+        ("Numeric lp s0", "LEAF lp s0")
+    ]
+    # The demo's labels: an untrained "Initial" without variant or seed.
+    assert significance.comparison_pairs(["Initial", "Teacher", "LEAF s0", "Caliber s0"]) == [
+        ("Initial", "Teacher"), ("LEAF s0", "Teacher"), ("LEAF s0", "Initial"),
+        ("Caliber s0", "Teacher"), ("Caliber s0", "Initial"), ("Caliber s0", "LEAF s0"),
+    ]  # fmt: skip
+
+
+def test_paired_tables_cover_the_models_with_values():
+    values = {"q1": 0.5, "q2": 0.0, "q3": 1.0}
+    results = {
+        "Teacher": {"per_query": {"financebench": {"ndcg_at_10": values},
+                                  "numgap": {"D": {"0:a": 1}, "M": {"0:a": 0.1}}}},
+        "LEAF s0": {"per_query": {"financebench": {"ndcg_at_10": {**values, "q2": 1.0}}}},
+        "Caliber s0": {"financebench": {"ndcg_at_10": 0.5}},  # evaluated before per-query values
+    }  # fmt: skip
+    tables = significance.paired_tables(results, resamples=100)
+    assert tables.count("## Paired comparisons") == 1  # numgap: a teacher alone pairs with none
+    assert "| LEAF s0 | Teacher | 0.8333 | 0.5000 | +0.3333 |" in tables
+    assert "Caliber s0" not in tables
+    assert significance.paired_tables({"Teacher": results["Teacher"]}) == ""
