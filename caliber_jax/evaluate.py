@@ -27,6 +27,7 @@ from absl import app, flags
 
 from caliber_jax import cli
 from caliber_jax.eval import (
+    PER_QUERY,
     EncodeFn,
     asymmetric,
     embednum,
@@ -36,7 +37,6 @@ from caliber_jax.eval import (
     retrieval,
     within_doc,
 )
-from caliber_jax.eval.significance import PER_QUERY
 
 BM25 = "bm25"
 RETRIEVAL_METRICS = tuple(

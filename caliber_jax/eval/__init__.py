@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 EncodeFn = Callable[[list[str]], np.ndarray]
+# Where a task's results carry each query's (record's) values for paired tests (`significance`).
+PER_QUERY = "per_query"
 
 
 def encode_texts(encode_fn: EncodeFn, texts: Sequence[str], what: str) -> np.ndarray:

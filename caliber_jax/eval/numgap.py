@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from caliber_jax.data import corpus
-from caliber_jax.eval import EncodeFn, encode_texts
+from caliber_jax.eval import PER_QUERY, EncodeFn, encode_texts
 
 FIELDS = ("category", "anchor", "perturbed", "distractor")
 
@@ -114,7 +114,7 @@ def evaluate(
         results[str(category)] = scores(np.flatnonzero(categories == category))
     if per_record:
         ids = [record_id(index, r) for index, r in enumerate(records)]
-        results["per_query"] = {
+        results[PER_QUERY] = {
             "D": {i: int(hit) for i, hit in zip(ids, hits, strict=True)},
             "M": {i: round(float(gap), 6) for i, gap in zip(ids, gaps, strict=True)},
         }

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-PER_QUERY = "per_query"
+from caliber_jax.eval import PER_QUERY
+
 # The paired tables of a study report: (task, metric) of each.
 PAIRED = (("financebench", "ndcg_at_10"), ("numgap", "D"), ("numgap", "M"))
 
