@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from caliber_jax import hostmem
+from caliber_jax import host, hostmem
 from caliber_jax.data import corpus, perturb, pipeline, teacher
 from caliber_jax.models import embedding, hf, qwen3
 
@@ -51,15 +51,6 @@ QWEN3_EMBEDDING_8B = dataclasses.replace(
     num_attention_heads=32,
     num_key_value_heads=8,
 )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (taskset, cgroup cpusets, Slurm), which
-    `os.cpu_count()` ignores. Both frameworks get this many threads."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity API
-        return os.cpu_count() or 1
 
 
 def minilm_dir() -> Path:
@@ -114,7 +105,7 @@ def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     if not path.is_file():
         import platform
 
-        return f"{platform.processor() or platform.machine()}, {usable_cores()} cores"
+        return f"{platform.processor() or platform.machine()}, {host.usable_cores()} cores"
     model, flags = "unknown", []
     for line in path.read_text().splitlines():
         key, _, value = line.partition(":")
@@ -123,7 +114,7 @@ def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
         elif key.strip() == "flags" and not flags:
             flags = [f for f in value.split() if f.startswith(("avx", "fma", "amx"))]
     avx512 = "" if any(f.startswith("avx512") for f in flags) else " (no avx512)"
-    cores = usable_cores()
+    cores = host.usable_cores()
     of = "" if cores == os.cpu_count() else f" (of {os.cpu_count()})"
     return f"{model}, {cores} cores{of}, flags: {' '.join(sorted(flags))}{avx512}"
 

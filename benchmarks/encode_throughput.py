@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import embedder, tokenization  # noqa: E402
+from caliber_jax import embedder, host, tokenization  # noqa: E402
 from caliber_jax.data import padding  # noqa: E402
 from caliber_jax.models import embedding, hf  # noqa: E402
 
@@ -131,7 +131,7 @@ class TorchEncoder:
         self.torch = torch
         self.on_gpu = torch.cuda.is_available()
         self.device = "cuda" if self.on_gpu else "cpu"
-        torch.set_num_threads(common.usable_cores())
+        torch.set_num_threads(host.usable_cores())
         model = make_model(self.device)
         if bf16 and self.on_gpu:
             model = model.to(torch.bfloat16)
@@ -209,7 +209,7 @@ def main(argv=None) -> None:
             for rows in embedder.length_batches(lengths, args.batch_size)
         }
     )
-    print(f"preset={args.preset} device={device.device_kind} cores={common.usable_cores()}")
+    print(f"preset={args.preset} device={device.device_kind} cores={host.usable_cores()}")
     print(
         f"model={args.model} layers={spec.config.num_hidden_layers} "
         f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "

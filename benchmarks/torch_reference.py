@@ -17,7 +17,6 @@ rows, T tokens, D width.
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 # Run from anywhere: the repo root (for `caliber_jax`) goes first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from caliber_jax import host  # noqa: E402
 from caliber_jax.data import corpus, teacher  # noqa: E402  (neither imports jax)
 
 
@@ -113,8 +113,7 @@ def make_optimizer(model, spec: dict):
 def train(spec: dict) -> dict:
     """Runs the epoch `spec` describes (`train_end_to_end.run_torch`); returns a summary."""
     torch.manual_seed(spec["seed"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(spec.get("threads") or cores or 1)  # the affinity's cores, as in JAX
+    torch.set_num_threads(spec.get("threads") or host.usable_cores())  # as many as JAX has
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"], local_files_only=True)

@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common, torch_reference  # noqa: E402
-from caliber_jax import optim, step, tokenization  # noqa: E402
+from caliber_jax import host, optim, step, tokenization  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 from caliber_jax.models import embedding  # noqa: E402
 
@@ -380,7 +380,7 @@ class TorchRunner:
         self.torch = torch
         self.on_gpu = torch.cuda.is_available()
         self.device = "cuda" if self.on_gpu else "cpu"
-        torch.set_num_threads(common.usable_cores())
+        torch.set_num_threads(host.usable_cores())
         self.model = common.torch_model(student, device=self.device)  # dropout off, as in JAX
         self.model.train()
         spec = {key: args.config.optim[key] for key in OPTIM_FIELDS}
@@ -542,7 +542,7 @@ def main(argv=None) -> None:
         pert = np.mean([b["has_pert"].mean() for b in batches])
         shapes = sorted({JaxRunner._shape_key(b) for b in jax_batches})
         shapes = [tuple(s for k, s in key if "ids" in k) for key in shapes]
-        print(f"preset={args.preset} device={device.device_kind} cores={common.usable_cores()}")
+        print(f"preset={args.preset} device={device.device_kind} cores={host.usable_cores()}")
         print(
             f"model={args.model} layers={student.config.num_hidden_layers} "
             f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "

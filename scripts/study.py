@@ -14,7 +14,6 @@ Writes <output>/study.json (all results + wall-clock times), study.md (tables) a
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from stages import Stage, config_value, run_stages  # noqa: E402  (scripts/ is on sys.path)
 
-from caliber_jax import evaluate  # noqa: E402
+from caliber_jax import evaluate, host  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
 
 # The paper's eq. 4 (LEAF at lambda = 0) on a config whose default objective is another one.
@@ -118,7 +117,7 @@ def main() -> None:
         "recorded and restored from (default docs/study_mpnet[_long]); '' = off",
     )  # fmt: skip
     parser.add_argument(
-        "--jobs", type=int, default=min(2, os.cpu_count() or 1),
+        "--jobs", type=int, default=min(2, host.usable_cores()),
         help="stages run side by side (1: one after the other, streaming their output)",
     )  # fmt: skip
     args = parser.parse_args()

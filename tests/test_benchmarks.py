@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks import common, compile_depth, torch_reference, train_throughput
-from caliber_jax import losses, tokenization
+from caliber_jax import host, losses, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding, qwen3
 
@@ -55,7 +55,7 @@ def test_cpu_description_names_the_vector_flags(tmp_path):
         f"processor\t: 0\nmodel name\t: AMD EPYC 9B45\nflags\t\t: {avx512}\n\n"
         "processor\t: 1\nmodel name\t: other\nflags\t\t: sse\n"
     )
-    usable = common.usable_cores()
+    usable = host.usable_cores()
     cores = f"{usable}" + ("" if usable == os.cpu_count() else f" (of {os.cpu_count()})")
     assert common.cpu_description(cpuinfo) == (
         f"AMD EPYC 9B45, {cores} cores, flags: amx_tile avx avx2 avx512bw avx512f fma"
@@ -74,7 +74,8 @@ def test_cpu_description_counts_the_cores_of_the_affinity(tmp_path):
     first = min(os.sched_getaffinity(0))
     code = (
         f"import os; os.sched_setaffinity(0, {{{first}}}); from benchmarks import common; "
-        f"print(common.usable_cores()); print(common.cpu_description({str(cpuinfo)!r}))"
+        "from caliber_jax import host; print(host.usable_cores()); "
+        f"print(common.cpu_description({str(cpuinfo)!r}))"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=common.REPO_ROOT,
                             capture_output=True, text=True, check=True)  # fmt: skip
