@@ -16,6 +16,7 @@ against the teacher, its untrained start, LEAF and its first seed (`comparison_p
 nDCG@10, NumGap-D and NumGap-M.
 """
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,6 +121,22 @@ def per_query_values(result: Mapping[str, Any], task: str, metric: str) -> dict[
         ) from None
 
 
+@functools.lru_cache(maxsize=4096)
+def _comparison(
+    a: tuple[tuple[str, float], ...],
+    b: tuple[tuple[str, float], ...],
+    resamples: int,
+    seed: int,
+    name_a: str,
+    name_b: str,
+) -> dict[str, float]:
+    """`paired_comparison`, remembered: a study report redraws every table after each stage, and
+    most of its pairs have not changed since the last one."""
+    return paired_comparison(
+        dict(a), dict(b), resamples=resamples, seed=seed, name_a=name_a, name_b=name_b
+    )
+
+
 def compare_results(
     results: Mapping[str, Mapping[str, Any]],
     pairs: Sequence[tuple[str, str]],
@@ -132,10 +149,11 @@ def compare_results(
     """`paired_comparison` of each (label a, label b) in `pairs`, from results keyed by label."""
     rows = []
     for label_a, label_b in pairs:
-        values = [per_query_values(results[label], task, metric) for label in (label_a, label_b)]
-        comparison = paired_comparison(
-            *values, resamples=resamples, seed=seed, name_a=label_a, name_b=label_b
+        a, b = (
+            tuple(sorted(per_query_values(results[label], task, metric).items()))
+            for label in (label_a, label_b)
         )
+        comparison = _comparison(a, b, resamples, seed, label_a, label_b)
         rows.append({"a": label_a, "b": label_b, **comparison})
     return rows
 

@@ -83,6 +83,29 @@ def test_compare_results_table():
         significance.compare_results(results, [("old", "LEAF")])
 
 
+def test_compare_results_remembers_unchanged_pairs():
+    """A study redraws its tables after every stage: a pair whose values have not changed is not
+    resampled again, and a changed value is."""
+    rng = np.random.default_rng(2)
+    values = {name: {f"q{i}": float(v) for i, v in enumerate(rng.uniform(0, 1, 60))}
+              for name in ("A", "B")}  # fmt: skip
+    results = {
+        name: {"per_query": {"financebench": {"ndcg_at_10": v}}} for name, v in values.items()
+    }
+    before = significance._comparison.cache_info()
+    first = significance.compare_results(results, [("A", "B")], resamples=500)
+    again = significance.compare_results(results, [("A", "B")], resamples=500)
+    after = significance._comparison.cache_info()
+    assert again == first and (after.hits - before.hits, after.misses - before.misses) == (1, 1)
+    values["A"]["q0"] += 1.0
+    changed = significance.compare_results(results, [("A", "B")], resamples=500)
+    assert changed[0]["diff"] == pytest.approx(first[0]["diff"] + 1.0 / 60)
+    assert significance._comparison.cache_info().misses - after.misses == 1
+    # The result is the uncached computation's.
+    fresh = significance.paired_comparison(values["A"], values["B"], resamples=500)
+    assert {k: changed[0][k] for k in fresh} == fresh
+
+
 def test_compare_cli(tmp_path):
     base = {f"q{i}": (i % 5) / 5 for i in range(40)}
     first = _results_file(tmp_path / "leaf.json", "LEAF", base)
