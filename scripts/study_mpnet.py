@@ -224,6 +224,13 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         for path in (state_path, out / "study.md"):
             record_file(path, out, record)
 
+    def draw() -> list[Path]:
+        # After every student, so a study stopped part way has its figures up to date.
+        figures = plots.plot_all(results, out / "figures")
+        for figure in figures:
+            record_file(figure, out, record)  # docs/study_mpnet*/figures/
+        return figures
+
     start = time.perf_counter()
     mpnet_dir = fetch_mpnet.fetch(
         REPO / fetch_mpnet.DEFAULT_OUTPUT, wheel_dir=REPO / f"{fetch_mpnet.DEFAULT_OUTPUT}.wheels"
@@ -338,6 +345,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         if metrics.is_file():
             results[label]["validation"] = validation_curve(metrics)  # validation.png
         save()
+        draw()
         if label == first_lp:
             start_dir = out / slug(initial_lp) / "hf"
             if not finished(initial_lp):
@@ -349,8 +357,6 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
                 )  # fmt: skip
             for tasks in TASKS_STUDENT:
                 evaluate_model(initial_lp, ["--model", str(start_dir), *teacher_args], tasks)
-    figures = plots.plot_all(results, out / "figures")
-    for figure in figures:
-        record_file(figure, out, record)  # docs/study_mpnet*/figures/
+    figures = draw()
     print((out / "study.md").read_text())
     print("figures: " + ", ".join(str(f) for f in figures))

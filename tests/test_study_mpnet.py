@@ -150,11 +150,14 @@ def test_initial_student_is_minilm_with_the_seeded_w_out(minilm_dir, tmp_path):
 
 def _fake_study(monkeypatch, minilm_dir, tmp_path):
     """study_mpnet with every CLI stage faked (each writes what the next one checks for); returns
-    `fake_stage(calls)` and the dict of each stage's argv."""
+    `fake_stage(calls)`, the dict of each stage's argv and the list of the figures' model sets."""
     import json
 
     monkeypatch.setattr(study_mpnet.fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
-    monkeypatch.setattr(study_mpnet.plots, "plot_all", lambda results, out: [])
+    drawn: list[list[str]] = []  # the models of each call to plot_all
+    monkeypatch.setattr(
+        study_mpnet.plots, "plot_all", lambda results, out: drawn.append(sorted(results)) or []
+    )
     # The 384-d stores are derived from real 768-d ones (tested above); here only whether.
     monkeypatch.setattr(
         study_mpnet, "derive_truncated", lambda data, data_384, run, common, times: run(
@@ -197,7 +200,7 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
 
         return run_stage
 
-    return fake_stage, calls_argv
+    return fake_stage, calls_argv, drawn
 
 
 def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
@@ -208,7 +211,7 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     import argparse
     import json
 
-    fake_stage, calls_argv = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    fake_stage, calls_argv, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
 
     record = tmp_path / "record"
     args = argparse.Namespace(output=str(tmp_path / "first"), filings=None, seeds="0",
@@ -256,7 +259,7 @@ def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
     import argparse
     import json
 
-    fake_stage, calls_argv = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    fake_stage, calls_argv, drawn = _fake_study(monkeypatch, minilm_dir, tmp_path)
     record = tmp_path / "record_long"
     args = argparse.Namespace(output=str(tmp_path / "long"), filings=None, seeds="0,1",
                               financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
@@ -278,6 +281,11 @@ def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
     assert evaluated == {"Teacher", "Initial lp long s0", *students}
     state = json.loads((record / "study.json").read_text())
     assert "Caliber lp long s1" in state["results"]
+    # The figures are drawn again after every student (a study stopped part way has them), and
+    # at the end.
+    assert len(drawn) == len(students) + 1
+    assert drawn[0] == ["LEAF lp long s0", "Teacher"]
+    assert drawn[-1] == sorted(state["results"])
 
 
 def test_long_variant_is_two_thousand_steps_over_twenty_thousand_passages():
