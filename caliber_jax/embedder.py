@@ -144,7 +144,8 @@ class Embedder:
 
         Args:
             path: model directory in HF (optionally sentence-transformers) layout.
-            pooling: "mean" or "last"; None takes the directory's sentence-transformers pooling.
+            pooling: "mean", "last" or "cls"; None takes the directory's sentence-transformers
+                pooling.
             dtype: compute dtype, "float32" or "bfloat16" (params stay float32).
             num_layers: keep only the first N encoder layers (to initialise a smaller student).
             out_dim: add a W_out to this dimension when the directory has none (LEAF).

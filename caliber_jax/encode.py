@@ -67,7 +67,7 @@ if __name__ == "__main__":
     flags.DEFINE_string("input", None, "texts.jsonl[.gz] or texts.txt", required=True)
     flags.DEFINE_string("output", None, "vectors.npy to write.", required=True)
     flags.DEFINE_string("text_field", "text", "JSONL field with the text.")
-    flags.DEFINE_string("pooling", None, "mean or last (default: the directory's).")
+    flags.DEFINE_string("pooling", None, "mean, last or cls (default: the directory's).")
     flags.DEFINE_string("dtype", "float32", "float32 or bfloat16 compute.")
     flags.DEFINE_integer("batch_size", 32, "Texts per forward pass.")
     flags.DEFINE_integer("max_length", None, "Token limit (default: the model's).")

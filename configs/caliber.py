@@ -79,7 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict()
     config.model.init_dir = "models/Qwen3-Embedding-0.6B"
     config.model.tokenizer_dir = ""  # "" = init_dir
-    config.model.pooling = "mean"
+    config.model.pooling = "mean"  # the paper; "last" (Qwen3-Embedding's own) or "cls" (BGE-style)
     config.model.dtype = "bfloat16"  # compute dtype; params stay float32
     config.model.num_layers = ml_collections.FieldReference(None, field_type=int)
     config.model.out_dim = ml_collections.FieldReference(None, field_type=int)

@@ -26,7 +26,9 @@ TEXTS = [
 ]
 
 
-def make_workdir(tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, max_length=128):
+def make_workdir(
+    tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, max_length=128, pooling="mean"
+):
     """A training workdir as `train.py` leaves it: resolved config.json and one checkpoint."""
     config = ml_collections.ConfigDict(
         {
@@ -34,7 +36,7 @@ def make_workdir(tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, m
             "model": {
                 "init_dir": str(init_dir),
                 "tokenizer_dir": "",
-                "pooling": "mean",
+                "pooling": pooling,
                 "num_layers": num_layers,
                 "out_dim": out_dim,
             },
@@ -44,7 +46,7 @@ def make_workdir(tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, m
     workdir = tmp_path / "run"
     workdir.mkdir()
     (workdir / "config.json").write_text(config.to_json())
-    spec = embedding.read_spec(init_dir, num_layers=num_layers, out_dim=out_dim)
+    spec = embedding.read_spec(init_dir, pooling=pooling, num_layers=num_layers, out_dim=out_dim)
     flat = embedding.load_flat_params(init_dir, spec, seed=seed)
     # Perturb W_out and the encoder a little, as training would, so nothing passes by accident.
     rng = np.random.default_rng(seed)
@@ -95,6 +97,21 @@ def test_bert_student_loads_in_torch_and_sentence_transformers(minilm_dir, tmp_p
     auto, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
     assert type(auto).__name__ == "BertModel"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_cls_pooled_student_exports_its_pooling(minilm_dir, tmp_path):
+    """A student trained with [CLS] pooling (a BGE-style BERT) exports a Pooling module that
+    sentence-transformers runs as CLS, and reads back as "cls"."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=2, pooling="cls")
+    out = export(workdir, tmp_path / "hf")
+    pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_cls_token"] and not pooling["pooling_mode_mean_tokens"]
+    assert embedding.read_spec(out).pooling == "cls"
+    ours = Embedder.from_pretrained(out).encode(TEXTS)
+    reference = SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
+    mean = Embedder.from_pretrained(out, pooling="mean").encode(TEXTS)
+    assert np.max(np.sum(mean * ours, axis=1)) < 0.99  # the pooling did change the vectors
 
 
 @pytest.fixture(scope="module")

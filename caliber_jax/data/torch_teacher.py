@@ -6,40 +6,14 @@ The Flax `Embedder` covers the families we port (Qwen3, BERT); this backend runs
 stores (chunks, done markers, metadata) whichever backend encoded them. No jax.
 """
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-# sentence-transformers Pooling flags -> our pooling names.
-_ST_POOLING = {
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_lasttoken": "last",
-    "pooling_mode_max_tokens": "max",
-}
+from caliber_jax.models.st_layout import is_sentence_transformers_dir, read_st_pooling
+
 _DTYPES = ("float32", "bfloat16", "float16")
-
-
-def is_sentence_transformers_dir(model_dir: str | Path) -> bool:
-    """True when the directory holds a sentence-transformers pipeline (`modules.json`)."""
-    return (Path(model_dir) / "modules.json").is_file()
-
-
-def read_st_pooling(model_dir: str | Path) -> str:
-    """The pooling of a sentence-transformers directory, from its Pooling module's config."""
-    model_dir = Path(model_dir)
-    modules = json.loads((model_dir / "modules.json").read_text())
-    for module in modules:
-        if module["type"].endswith("models.Pooling"):
-            config_path = model_dir / module["path"] / "config.json"
-            config = json.loads(config_path.read_text())
-            modes = [name for flag, name in _ST_POOLING.items() if config.get(flag)]
-            if len(modes) != 1:
-                raise ValueError(f"{config_path}: expected one pooling mode, found {modes}")
-            return modes[0]
-    raise ValueError(f"{model_dir}/modules.json: no sentence_transformers Pooling module")
 
 
 def resolve_device(device: str) -> str:

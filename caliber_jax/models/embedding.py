@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from caliber_jax.models import hf, layers
+from caliber_jax.models import hf, layers, st_layout
 
 DENSE_DIR = "2_Dense"
 
@@ -160,20 +160,16 @@ def read_spec(
 
 
 def _read_pooling(model_dir: Path) -> str:
-    modules = model_dir / "modules.json"
-    if not modules.is_file():
+    """The directory's sentence-transformers pooling; mean for a plain transformers directory."""
+    if not st_layout.is_sentence_transformers_dir(model_dir):
         return "mean"
-    for module in json.loads(modules.read_text()):
-        if module["type"].endswith("Pooling"):
-            conf = json.loads((model_dir / module["path"] / "config.json").read_text())
-            if conf.get("pooling_mode_mean_tokens"):
-                return "mean"
-            if conf.get("pooling_mode_lasttoken"):
-                return "last"
-            raise ValueError(
-                f"{model_dir / module['path']}/config.json: unsupported pooling {conf}"
-            )
-    return "mean"
+    pooling = st_layout.read_st_pooling(model_dir)
+    if pooling not in layers.POOLERS:
+        raise ValueError(
+            f"{model_dir}: {pooling} pooling is not in the Flax encoders "
+            f"({sorted(layers.POOLERS)}); the PyTorch backend (--backend=torch) runs it"
+        )
+    return pooling
 
 
 def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
@@ -335,7 +331,7 @@ def save_pretrained(
     hf.save_json(
         {
             "word_embedding_dimension": width,
-            "pooling_mode_cls_token": False,
+            "pooling_mode_cls_token": spec.pooling == "cls",
             "pooling_mode_mean_tokens": spec.pooling == "mean",
             "pooling_mode_max_tokens": False,
             "pooling_mode_mean_sqrt_len_tokens": False,

@@ -267,6 +267,13 @@ def last_token_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.
     return jnp.take_along_axis(hidden_btd, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
 
+def first_token_pool(hidden_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+    """Hidden state of the first non-pad token ([CLS] of BERT-style embedders such as BGE), any
+    padding side."""
+    first = jnp.argmax(attention_mask_bt > 0, axis=1)
+    return jnp.take_along_axis(hidden_btd, first[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
 def l2_normalize(x_bd: jax.Array, eps: float = 1e-12) -> jax.Array:
     """Row-wise L2 normalisation in float32 (as `torch.nn.functional.normalize`).
 
@@ -278,7 +285,7 @@ def l2_normalize(x_bd: jax.Array, eps: float = 1e-12) -> jax.Array:
     return x32 / norm
 
 
-POOLERS = {"mean": mean_pool, "last": last_token_pool}
+POOLERS = {"mean": mean_pool, "last": last_token_pool, "cls": first_token_pool}
 
 
 def pool_packed(
@@ -287,15 +294,19 @@ def pool_packed(
     """`POOLERS[pooling]` per packed sequence: [num_segments, D] float32, zeros for empty ids.
 
     Tokens whose segment id is outside [0, num_segments) (padding) are dropped. "last" takes a
-    segment's final token: sequences lie end to end, so that is where the next id differs.
+    segment's final token: sequences lie end to end, so that is where the next id differs; "cls"
+    its first, where the previous id differs.
     """
     if pooling not in POOLERS:
         raise ValueError(f"pooling={pooling!r}, expected one of {sorted(POOLERS)}")
     hidden_nd = hidden_btd.astype(jnp.float32).reshape(-1, hidden_btd.shape[-1])
     segments_n = segment_ids_bt.reshape(-1)
-    if pooling == "last":
-        following = jnp.pad(segment_ids_bt[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
-        take_n = (segment_ids_bt != following).reshape(-1).astype(jnp.float32)
+    if pooling in ("last", "cls"):
+        if pooling == "last":
+            neighbour = jnp.pad(segment_ids_bt[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+        else:
+            neighbour = jnp.pad(segment_ids_bt[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+        take_n = (segment_ids_bt != neighbour).reshape(-1).astype(jnp.float32)
         return jax.ops.segment_sum(hidden_nd * take_n[:, None], segments_n, num_segments)
     total = jax.ops.segment_sum(hidden_nd, segments_n, num_segments)
     count = jax.ops.segment_sum(jnp.ones_like(segments_n, jnp.float32), segments_n, num_segments)

@@ -90,3 +90,44 @@ def test_unsupported_config_field_is_named(minilm_dir, tmp_path):
     )
     with pytest.raises(ValueError, match="position_embedding_type='relative_key'"):
         Embedder.from_pretrained(tmp_path)
+
+
+def _with_pooling(minilm_dir, path, **flags):
+    """A copy of all-MiniLM-L6-v2 whose sentence-transformers Pooling module has these flags."""
+    path.mkdir()
+    for item in minilm_dir.iterdir():
+        if item.is_file():
+            (path / item.name).symlink_to(item)
+    (path / "1_Pooling").mkdir()
+    config = json.loads((minilm_dir / "1_Pooling" / "config.json").read_text())
+    config = {**config, **{key: False for key in config if key.startswith("pooling_mode_")}}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({**config, **flags}))
+    return path
+
+
+def test_cls_pooling_matches_sentence_transformers(minilm_dir, tmp_path, filing_passages):
+    """A directory whose Pooling module takes [CLS] (BGE and other BERT embedders) is pooled so."""
+    path = _with_pooling(minilm_dir, tmp_path / "cls", pooling_mode_cls_token=True)
+    texts = filing_passages[:24]
+    reference = SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_numpy=True)
+    ours = Embedder.from_pretrained(path)
+    assert ours.spec.pooling == "cls"
+    np.testing.assert_allclose(ours.encode(texts, batch_size=5), reference, atol=1e-5, rtol=0)
+    mean = Embedder.from_pretrained(minilm_dir).encode(texts)
+    assert np.max(np.sum(mean * reference, axis=1)) < 0.99  # CLS is not the mean here
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"pooling_mode_max_tokens": True}, r"max pooling is not in the Flax encoders"),
+        (
+            {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": True},
+            r"1_Pooling/config.json: expected one pooling mode, found \['mean', 'cls'\]",
+        ),
+    ],
+)
+def test_pooling_the_encoders_cannot_run_is_named(minilm_dir, tmp_path, flags, message):
+    path = _with_pooling(minilm_dir, tmp_path / "pooling", **flags)
+    with pytest.raises(ValueError, match=message):
+        Embedder.from_pretrained(path)

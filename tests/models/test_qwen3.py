@@ -60,6 +60,8 @@ def torch_embed(model, seqs, pooling):
     if pooling == "mean":
         m = mask[..., None].float()
         pooled = (hidden * m).sum(1) / m.sum(1)
+    elif pooling == "cls":
+        pooled = hidden[:, 0]
     else:
         pooled = hidden[torch.arange(len(seqs)), mask.sum(1) - 1]
     return torch.nn.functional.normalize(pooled, dim=-1).numpy()
@@ -72,7 +74,7 @@ def tiny_dir(tmp_path_factory):
     return path, model
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last"])
+@pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
 def test_matches_transformers_float32(tiny_dir, pooling):
     path, model = tiny_dir
     seqs = random_ids()
@@ -92,10 +94,11 @@ def test_attention_bias_and_mha(tmp_path):
     np.testing.assert_allclose(ours, torch_embed(model, seqs, "mean"), atol=1e-5, rtol=0)
 
 
-def test_left_padding_equals_right_padding(tiny_dir):
+@pytest.mark.parametrize("pooling", ["last", "cls"])
+def test_left_padding_equals_right_padding(tiny_dir, pooling):
     """Positions count real tokens only, so the padding side does not change the embedding."""
     path, _ = tiny_dir
-    emb = Embedder.from_pretrained(path, pooling="last")
+    emb = Embedder.from_pretrained(path, pooling=pooling)
     model = nnx.merge(emb.graphdef, emb.params)
     seqs = random_ids(seed=7, lengths=(3, 9, 16))
     right = np.zeros((3, 16), np.int32)
@@ -108,7 +111,7 @@ def test_left_padding_equals_right_padding(tiny_dir):
     np.testing.assert_allclose(np.asarray(out_left), np.asarray(out_right), atol=1e-5)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last"])
+@pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
 def test_packed_rows_match_transformers(tiny_dir, pooling):
     """Sequences packed end to end (causal within each, RoPE positions restarting) give each
     sequence's transformers embedding; an id no token carries gives a zero vector."""
