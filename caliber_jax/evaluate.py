@@ -346,7 +346,7 @@ def _define_flags() -> None:
     flags.DEFINE_alias("query_task", "query_prompt")
     flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
     flags.DEFINE_string("pooling", None, "Model pooling override (mean/last/cls).")
-    flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last).")
+    flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last/cls).")
     # "torch": any local sentence-transformers/transformers directory, e.g. MPNet, which has no
     # Flax port here (caliber_jax.data.torch_teacher).
     flags.DEFINE_enum("backend", "flax", ["flax", "torch"], "How the model is run.")

@@ -167,7 +167,7 @@ def _read_pooling(model_dir: Path) -> str:
     if pooling not in layers.POOLERS:
         raise ValueError(
             f"{model_dir}: {pooling} pooling is not in the Flax encoders "
-            f"({sorted(layers.POOLERS)}); the PyTorch backend (--backend=torch) runs it"
+            f'({sorted(layers.POOLERS)}); the PyTorch backend (backend "torch") runs it'
         )
     return pooling
 
