@@ -331,11 +331,7 @@ def save_pretrained(
     hf.save_json(
         {
             "word_embedding_dimension": width,
-            "pooling_mode_cls_token": spec.pooling == "cls",
-            "pooling_mode_mean_tokens": spec.pooling == "mean",
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
-            "pooling_mode_lasttoken": spec.pooling == "last",
+            **{flag: spec.pooling == name for flag, name in st_layout.POOLING_FLAGS.items()},
             "include_prompt": True,
         },
         output_dir / "1_Pooling" / "config.json",
