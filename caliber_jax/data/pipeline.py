@@ -267,7 +267,48 @@ def make_batch_fn(
     """The map from a global step to this process's batch that `make_loader` iterates, as a
     picklable callable; `.geometry(step)` gives the integers that decide that batch's array
     shapes without tokenizing or reading anything (to compile a step program ahead of time).
-    Arguments as `make_loader`'s."""
+    The batch layouts are described in `make_loader`.
+
+    Args:
+      source: the rows.
+      batch_size: B, global; divisible by `process_count`.
+      seed: shuffle seed.
+      shuffle: shuffle rows and batches each epoch.
+      process_index: this host, in [0, process_count).
+      process_count: number of hosts.
+      tokenize_fn: texts, max_length -> ids per text (special tokens included, truncated);
+        must be deterministic and picklable when `worker_count > 0`.
+      max_length: longest allowed sequence.
+      pad_id: id used for padding.
+      pad_to_multiple: the first rung of the bucket ladder; every rung is a multiple of it.
+      length_group_window: W batches sorted together by length; 1 disables grouping.
+      drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
+      pert_rows_multiple: 0 keeps the "stacked" layout (`make_loader`). m > 0 gives the "compact"
+        layout (`step.BATCH_LAYOUTS`): pert_input_ids and pert_attention_mask hold only this
+        process's perturbed rows, [p, T'] with p = the largest per-process count of perturbed rows
+        in the global batch rounded up to m (at most b, so every process has the same shape),
+        padding rows encoding "" as the stacked layout's dummies do; T' comes from the global
+        batch's perturbed rows. A new key pert_index [p] int32 gives each row's position in the
+        global batch (B on padding rows). The forward then runs B + P rows instead of 2B. Keep m a
+        multiple of the local device count so that P shards evenly.
+      bucket_growth: ratio between consecutive padded lengths (1 = every multiple of
+        `pad_to_multiple`; 1.5 = a handful of rungs, hence of compiled programs).
+      pack_length: 0 keeps the padded layouts. L > 0 gives the "packed" layout: this
+        process's x and existing pi(x) sequences are packed end to end (first-fit decreasing)
+        into rows of L tokens, replacing input_ids, attention_mask and the pert_* arrays with
+        packed_ids [r, L] (pad_id where empty), packed_slots [r, L] (the pooled vector each
+        token belongs to: global batch position g for x, B + g for its pi(x), 2B for padding)
+        and packed_positions [r, L] (position within its sequence). Almost no padding, and only
+        the row count r varies (rounded up to `pack_rows_multiple`, the same on every process).
+        Needs L >= max_length.
+      pack_rows_multiple: r is a multiple of this; keep it a multiple of the local device count.
+      process_rows: [process_count, b] global batch positions of each process's rows, as the
+        device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
+        process order. Process p reads the planned batch's rows at process_rows[p], so the
+        global batch and `pert_index` are the same for any device order.
+      lengths: ([N] x, [N] pi(x)) token lengths as `token_lengths` computes them, e.g. each
+        process tokenizing only its share and gathering the rest; None tokenizes everything here.
+    """
     if batch_size < 1 or batch_size % process_count:
         raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
     if not 0 <= process_index < process_count:
@@ -335,26 +376,10 @@ def make_batch_fn(
 def make_loader(
     source: TrainSource,
     *,
-    batch_size: int,
-    seed: int,
     num_epochs: int | None,
-    shuffle: bool,
-    process_index: int,
-    process_count: int,
-    tokenize_fn: TokenizeFn,
-    max_length: int,
-    pad_id: int,
-    pad_to_multiple: int,
-    length_group_window: int,
-    drop_remainder: bool,
     worker_count: int,
     read_threads: int,
-    pert_rows_multiple: int = 0,
-    bucket_growth: float = 1.0,
-    pack_length: int = 0,
-    pack_rows_multiple: int = 1,
-    process_rows: np.ndarray | None = None,
-    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+    **batch_options,
 ) -> grain.IterDataset:
     """Builds the training input pipeline; `iter()` it for a checkpointable grain iterator.
 
@@ -376,58 +401,15 @@ def make_loader(
 
     Args:
       source: the rows.
-      batch_size: B, global; divisible by `process_count`.
-      seed: shuffle seed.
       num_epochs: epochs to yield, or None for endless.
-      shuffle: shuffle rows and batches each epoch.
-      process_index: this host, in [0, process_count).
-      process_count: number of hosts.
-      tokenize_fn: texts, max_length -> ids per text (special tokens included, truncated);
-        must be deterministic and picklable when `worker_count > 0`.
-      max_length: longest allowed sequence.
-      pad_id: id used for padding.
-      pad_to_multiple: the first rung of the bucket ladder; every rung is a multiple of it.
-      length_group_window: W batches sorted together by length; 1 disables grouping.
-      drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
       worker_count: grain worker processes; 0 runs in this process.
       read_threads: threads per process preparing batches, also the prefetch depth (0 = none).
-      pert_rows_multiple: 0 keeps the "stacked" layout above. m > 0 gives the "compact" layout
-        (`step.BATCH_LAYOUTS`): pert_input_ids and pert_attention_mask hold only this process's
-        perturbed rows, [p, T'] with p = the largest per-process count of perturbed rows in the
-        global batch rounded up to m (at most b, so every process has the same shape), padding
-        rows encoding "" as the stacked layout's dummies do; T' comes from the global batch's
-        perturbed rows. A new key pert_index [p] int32 gives each row's position in the global
-        batch (B on padding rows). The forward then runs B + P rows instead of 2B. Keep m a
-        multiple of the local device count so that P shards evenly.
-      bucket_growth: ratio between consecutive padded lengths (1 = every multiple of
-        `pad_to_multiple`; 1.5 = a handful of rungs, hence of compiled programs).
-      pack_length: 0 keeps the padded layouts above. L > 0 gives the "packed" layout: this
-        process's x and existing pi(x) sequences are packed end to end (first-fit decreasing)
-        into rows of L tokens, replacing input_ids, attention_mask and the pert_* arrays with
-        packed_ids [r, L] (pad_id where empty), packed_slots [r, L] (the pooled vector each
-        token belongs to: global batch position g for x, B + g for its pi(x), 2B for padding)
-        and packed_positions [r, L] (position within its sequence). Almost no padding, and only
-        the row count r varies (rounded up to `pack_rows_multiple`, the same on every process).
-        Needs L >= max_length.
-      pack_rows_multiple: r is a multiple of this; keep it a multiple of the local device count.
-      process_rows: [process_count, b] global batch positions of each process's rows, as the
-        device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
-        process order. Process p reads the planned batch's rows at process_rows[p], so the
-        global batch and `pert_index` are the same for any device order.
-      lengths: ([N] x, [N] pi(x)) token lengths as `token_lengths` computes them, e.g. each
-        process tokenizing only its share and gathering the rest; None tokenizes everything here.
+      **batch_options: what decides each step's batch; `make_batch_fn`'s arguments after `source`.
 
     Returns:
       A `grain.IterDataset` of batch dicts.
     """
-    load_batch = make_batch_fn(
-        source, batch_size=batch_size, seed=seed, shuffle=shuffle, process_index=process_index,
-        process_count=process_count, tokenize_fn=tokenize_fn, max_length=max_length,
-        pad_id=pad_id, pad_to_multiple=pad_to_multiple, length_group_window=length_group_window,
-        drop_remainder=drop_remainder, pert_rows_multiple=pert_rows_multiple,
-        bucket_growth=bucket_growth, pack_length=pack_length,
-        pack_rows_multiple=pack_rows_multiple, process_rows=process_rows, lengths=lengths,
-    )  # fmt: skip
+    load_batch = make_batch_fn(source, **batch_options)
     num_steps = sys.maxsize if num_epochs is None else num_epochs * load_batch.per_epoch
     dataset = grain.MapDataset.range(num_steps).map(load_batch)
     read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=read_threads)

@@ -288,6 +288,18 @@ def l2_normalize(x_bd: jax.Array, eps: float = 1e-12) -> jax.Array:
 POOLERS = {"mean": mean_pool, "last": last_token_pool, "cls": first_token_pool}
 
 
+# Poolers that take one token per packed sequence: the side from which the neighbouring id is
+# read ("last": the next token, so pad after; "cls": the previous one, so pad before).
+_NEIGHBOUR_PAD = {"last": (0, 1), "cls": (1, 0)}
+
+
+def _shifted(segment_ids_bt: jax.Array, pad: tuple[int, int]) -> jax.Array:
+    """Each token's neighbour id along the sequence (-1 past either end), read from the side
+    `pad` names: (0, 1) gives the next token's id, (1, 0) the previous one's."""
+    kept = segment_ids_bt[:, pad[1] : segment_ids_bt.shape[1] - pad[0]]
+    return jnp.pad(kept, ((0, 0), pad), constant_values=-1)
+
+
 def pool_packed(
     hidden_btd: jax.Array, segment_ids_bt: jax.Array, *, pooling: str, num_segments: int
 ) -> jax.Array:
@@ -301,11 +313,8 @@ def pool_packed(
         raise ValueError(f"pooling={pooling!r}, expected one of {sorted(POOLERS)}")
     hidden_nd = hidden_btd.astype(jnp.float32).reshape(-1, hidden_btd.shape[-1])
     segments_n = segment_ids_bt.reshape(-1)
-    if pooling in ("last", "cls"):
-        if pooling == "last":
-            neighbour = jnp.pad(segment_ids_bt[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
-        else:
-            neighbour = jnp.pad(segment_ids_bt[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
+    if pooling in _NEIGHBOUR_PAD:
+        neighbour = _shifted(segment_ids_bt, _NEIGHBOUR_PAD[pooling])
         take_n = (segment_ids_bt != neighbour).reshape(-1).astype(jnp.float32)
         return jax.ops.segment_sum(hidden_nd * take_n[:, None], segments_n, num_segments)
     total = jax.ops.segment_sum(hidden_nd, segments_n, num_segments)
