@@ -225,7 +225,8 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             record_file(path, out, record)
 
     def draw() -> list[Path]:
-        # After every student, so a study stopped part way has its figures up to date.
+        # After every student (and the first one's start), so a study stopped part way has its
+        # figures up to date.
         figures = plots.plot_all(results, out / "figures")
         for figure in figures:
             record_file(figure, out, record)  # docs/study_mpnet*/figures/
@@ -345,7 +346,6 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         if metrics.is_file():
             results[label]["validation"] = validation_curve(metrics)  # validation.png
         save()
-        draw()
         if label == first_lp:
             start_dir = out / slug(initial_lp) / "hf"
             if not finished(initial_lp):
@@ -357,6 +357,6 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
                 )  # fmt: skip
             for tasks in TASKS_STUDENT:
                 evaluate_model(initial_lp, ["--model", str(start_dir), *teacher_args], tasks)
-    figures = draw()
+        figures = draw()
     print((out / "study.md").read_text())
     print("figures: " + ", ".join(str(f) for f in figures))

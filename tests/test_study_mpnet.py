@@ -281,10 +281,10 @@ def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
     assert evaluated == {"Teacher", "Initial lp long s0", *students}
     state = json.loads((record / "study.json").read_text())
     assert "Caliber lp long s1" in state["results"]
-    # The figures are drawn again after every student (a study stopped part way has them), and
-    # at the end.
-    assert len(drawn) == len(students) + 1
-    assert drawn[0] == ["LEAF lp long s0", "Teacher"]
+    # The figures are drawn once after every student (a study stopped part way has them), the
+    # first time with its untrained start.
+    assert len(drawn) == len(students)
+    assert drawn[0] == ["Initial lp long s0", "LEAF lp long s0", "Teacher"]
     assert drawn[-1] == sorted(state["results"])
 
 
