@@ -554,6 +554,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 break
     bar.close()
     last["step"] = step_num
+    last["steps_run"] = step_num - start
     last["preempted"] = float(step_num < steps)
     last.update(compile_summary(len(shapes), ahead=programs.compiled_ahead if programs else 0))
     if jax.process_index() == 0:
@@ -652,8 +653,15 @@ def main(argv) -> None:
             file=sys.stderr,
         )
         sys.exit(EXIT_PREEMPTED)
-    if jax.process_index() == 0:
-        (paths.as_path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2))
+    if jax.process_index() != 0:
+        return
+    path = paths.as_path(workdir) / "summary.json"
+    if summary["steps_run"] == 0 and path.exists():
+        # Rerunning a finished run (a pipeline resumed after it) keeps the summary of its steps.
+        print(f"[caliber_jax] {workdir}: already trained to step {int(summary['step'])}; "
+              f"{path.name} kept", file=sys.stderr)  # fmt: skip
+        return
+    path.write_text(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ ends. Wall time per stage lands in `times` either way.
 """
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -54,11 +55,27 @@ def summary(text: str, lines: int = SUMMARY_LINES) -> list[str]:
     return [line for line in shown if line][-lines:]
 
 
+def core_groups(jobs: int) -> list[tuple[int, ...]]:
+    """This process's usable cores split into `jobs` disjoint groups, or [] where that cannot be
+    done (fewer cores than jobs, or no affinity API)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return []
+    if jobs < 2 or len(cores) < jobs:
+        return []
+    return [tuple(cores[i::jobs]) for i in range(jobs)]
+
+
 def run_stages(
     stages: Sequence[Stage], times: dict[str, float], *, cwd: Path, jobs: int = 1,
-    log_dir: Path | None = None,
+    log_dir: Path | None = None, pin_cores: bool = False,
 ) -> None:  # fmt: skip
     """Runs every stage once its prerequisites are done, at most `jobs` at a time.
+
+    `pin_cores` (jobs > 1): each running stage gets its own share of the cores (`core_groups`),
+    so that compute-bound stages side by side (two trainings) do not oversubscribe them; a
+    process's thread pools are sized from its affinity.
 
     Raises subprocess.CalledProcessError for the first stage that fails, after the stages already
     running have ended (no new stage starts once one failed).
@@ -73,17 +90,27 @@ def run_stages(
     log_dir.mkdir(parents=True, exist_ok=True)
     pending, done, failed = list(stages), set(), None
     running: dict[futures.Future, Stage] = {}
+    free_cores = core_groups(jobs) if pin_cores else []
+    cores_of: dict[futures.Future, tuple[int, ...]] = {}
     with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             ready = [s for s in pending if set(s.after) <= done] if failed is None else []
             for stage in ready[: jobs - len(running)]:
                 pending.remove(stage)
-                print(f"== start {stage.name} (log: {log_dir / log_name(stage.name)})", flush=True)
-                running[pool.submit(_logged, stage, log_dir, cwd)] = stage
+                cores = free_cores.pop(0) if free_cores else None
+                where = f", cores {','.join(map(str, cores))}" if cores else ""
+                print(f"== start {stage.name} (log: {log_dir / log_name(stage.name)}{where})",
+                      flush=True)  # fmt: skip
+                future = pool.submit(_logged, stage, log_dir, cwd, cores)
+                running[future] = stage
+                if cores:
+                    cores_of[future] = cores
             if not running:
                 break  # a failure stopped the rest
             finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
             for future in finished:
+                if future in cores_of:
+                    free_cores.append(cores_of.pop(future))
                 stage = running.pop(future)
                 returncode, seconds, text = future.result()
                 times[stage.name] = round(seconds, 1)
@@ -108,15 +135,22 @@ def _stream(stage: Stage, times: dict[str, float], *, cwd: Path) -> None:
     times[stage.name] = round(time.perf_counter() - start, 1)
 
 
-def _logged(stage: Stage, log_dir: Path, cwd: Path) -> tuple[int, float, str]:
+def _logged(
+    stage: Stage, log_dir: Path, cwd: Path, cores: tuple[int, ...] | None = None
+) -> tuple[int, float, str]:
     path = log_dir / log_name(stage.name)
     start = time.perf_counter()
     with path.open("w", encoding="utf-8") as log:
         log.write(f"$ python {' '.join(stage.args)}\n")
         log.flush()
-        returncode = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, *stage.args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT
-        ).returncode
+        )
+        if cores:
+            # Popen returns once the child has exec'd: a fresh interpreter with one thread, so
+            # every thread it starts later (XLA's, BLAS's) inherits this set.
+            os.sched_setaffinity(proc.pid, cores)
+        returncode = proc.wait()
     return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")
 
 

@@ -118,7 +118,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=min(2, host.usable_cores()),
-        help="stages run side by side (1: one after the other, streaming their output)",
+        help="stages run side by side (1: one after the other, streaming their output); "
+        "--preset mpnet*: the students still to train, each pinned to its share of the cores",
     )  # fmt: skip
     args = parser.parse_args()
     if args.preset in ("mpnet", "mpnet-long"):

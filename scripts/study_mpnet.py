@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
-from stages import record_file, restore_records  # noqa: E402
+from stages import Stage, record_file, restore_records, run_stages  # noqa: E402
 
 from caliber_jax import evaluate  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
@@ -320,19 +320,40 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     # from its workdir with `--interpolate 0` (the fit is the same for every seed and objective).
     first_lp = runs[0][0]
     initial_lp = first_lp.replace("LEAF", "Initial")
-    for label, variant, lam, seed in runs:
-        workdir = out / slug(label)
+
+    def train_argv(label: str, variant: str, lam: float | None, seed: int) -> list[str]:
         config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
-        train_args = [
+        return [
+            "-m",
+            "caliber_jax.train",
             config,
             f"--config.data.dir={data_dirs[variant]}",
             *common,
             *([f"--config.loss.lam={lam}"] if lam is not None else []),
             f"--config.seed={seed}",
-            f"--workdir={workdir}",
+            f"--workdir={out / slug(label)}",
         ]
+
+    def trained(label: str) -> bool:
+        return (out / slug(label) / "summary.json").is_file()
+
+    # Students still to train, `--jobs` at a time, each on its own share of the cores: one
+    # training keeps two cores only ~1.3x busier than one (single-threaded fusions, the input
+    # pipeline), so two side by side finish a pair ~1.5x sooner (docs/results.md, session 15).
+    untrained_runs = [item for item in pending if not trained(item[0])]
+    jobs = getattr(args, "jobs", 1)
+    if jobs > 1 and len(untrained_runs) > 1:
+        plan = [Stage(f"train {item[0]}", tuple(train_argv(*item))) for item in untrained_runs]
+        once: dict[str, float] = {}
+        run_stages(plan, once, cwd=REPO, jobs=jobs, log_dir=out / "logs", pin_cores=True)
+        for stage, seconds in once.items():
+            times[stage] = round(times.get(stage, 0.0) + seconds, 1)
+        save()
+    for label, variant, lam, seed in runs:
+        workdir = out / slug(label)
         if not finished(label):
-            run(f"train {label}", ["-m", "caliber_jax.train", *train_args], times)
+            if not trained(label):
+                run(f"train {label}", train_argv(label, variant, lam, seed), times)
             run(
                 f"export {label}",
                 ["-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={workdir / 'hf'}"],

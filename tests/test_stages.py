@@ -10,7 +10,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from stages import Stage, check_graph, log_name, run_stages, summary  # noqa: E402
+from stages import Stage, check_graph, core_groups, log_name, run_stages, summary  # noqa: E402
 
 
 def _writer(path: Path, text: str, *, sleep: float = 0.0, wait_for: Path | None = None):
@@ -70,6 +70,26 @@ def test_independent_stages_run_side_by_side(tmp_path):
     run_stages(stages, {}, cwd=tmp_path, jobs=2, log_dir=tmp_path / "logs")
     assert order.read_text().split() == ["slow", "after"]
     assert flag.read_text().split() == ["fast"]
+
+
+def test_pinned_stages_side_by_side_get_disjoint_shares_of_the_cores(tmp_path):
+    """Two compute-bound stages side by side (two trainings) each run on their own cores; the
+    groups cover this process's cores. Where there are fewer cores than jobs, nothing is pinned."""
+    parent = sorted(os.sched_getaffinity(0))
+    code = "import os, sys; open(sys.argv[1], 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    stages = [Stage(name, ("-c", code, str(tmp_path / name))) for name in ("a", "b", "c")]
+    run_stages(stages, {}, cwd=tmp_path, jobs=2, log_dir=tmp_path / "logs", pin_cores=True)
+    seen = {name: eval((tmp_path / name).read_text()) for name in ("a", "b", "c")}
+    groups = core_groups(2)
+    if len(parent) < 2:
+        assert groups == [] and all(cores == parent for cores in seen.values())
+        return
+    assert sorted(core for group in groups for core in group) == parent
+    assert not set(groups[0]) & set(groups[1])
+    # a and b start together on the two groups; c reuses whichever group was freed first.
+    assert {tuple(seen["a"]), tuple(seen["b"])} == set(groups)
+    assert tuple(seen["c"]) in groups
+    assert core_groups(1) == [] and core_groups(len(parent) + 1) == []
 
 
 def test_a_failed_stage_stops_its_dependents_and_raises(tmp_path, capsys):

@@ -288,6 +288,52 @@ def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
     assert drawn[-1] == sorted(state["results"])
 
 
+def test_with_jobs_the_students_train_side_by_side_on_their_own_cores(
+    minilm_dir, tmp_path, monkeypatch
+):
+    """`--jobs 2`: every student still to train goes to the stage runner at once, two at a time
+    and pinned; then each is exported and evaluated in order, and a student whose training had
+    finished (summary.json) is not trained again."""
+    import argparse
+    import json
+
+    fake_stage, calls_argv, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    out = tmp_path / "long"
+    done = out / "LEAF_lp_long_s0"  # trained in an earlier session, killed before its export
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text(json.dumps({"step": 2000}))
+    calls: list[str] = []
+    run_stage = fake_stage(calls)
+    side_by_side = []
+
+    def fake_run_stages(stages, times, *, cwd, jobs, log_dir, pin_cores):
+        side_by_side.append(([stage.name for stage in stages], jobs, pin_cores))
+        for stage in stages:
+            run_stage(stage.name, list(stage.args), times)
+            workdir = next(a for a in stage.args if a.startswith("--workdir="))
+            workdir = Path(workdir.split("=", 1)[1])
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "summary.json").write_text('{"step": 2000}')
+
+    monkeypatch.setattr(study_mpnet, "run_stages", fake_run_stages)
+    args = argparse.Namespace(output=str(out), filings=None, seeds="0,1", jobs=2,
+                              financebench="fb.jsonl.gz", record="")  # fmt: skip
+    study_mpnet.run_study(args, run_stage, long=True)
+    assert side_by_side == [
+        (["train Caliber lp long s0", "train LEAF lp long s1", "train Caliber lp long s1"], 2, True)
+    ]
+    assert "--config.seed=1" in calls_argv["train LEAF lp long s1"]
+    # Each training once, all before the first export; then export, evaluate, in study order.
+    assert [c for c in calls if c.startswith("train")] == side_by_side[0][0]
+    exports = [c for c in calls if c.startswith("export")]
+    assert exports == ["export LEAF lp long s0", "export Initial lp long s0",
+                       "export Caliber lp long s0", "export LEAF lp long s1",
+                       "export Caliber lp long s1"]  # fmt: skip
+    assert calls.index("train Caliber lp long s1") < calls.index("export LEAF lp long s0")
+    state = json.loads((out / "study.json").read_text())
+    assert state["results"]["LEAF lp long s1"]["train_summary"] == {"step": 2000}
+
+
 def test_long_variant_is_two_thousand_steps_over_twenty_thousand_passages():
     from caliber_jax import train
     from configs import study_mpnet as config_module

@@ -82,6 +82,13 @@ def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
     resumed = train(data_dir, workdir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
+    # Running a finished run again changes nothing and keeps its summary of the steps trained.
+    summary = (workdir / "summary.json").read_text()
+    again = train(data_dir, workdir)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already trained to step 6" in again.stderr
+    assert (workdir / "summary.json").read_text() == summary
+    assert json.loads(summary)["steps_run"] == 6 - steps[-1]
 
     a, step_a = checkpoint.restore_params(tmp_path / "straight" / "checkpoints")
     b, step_b = checkpoint.restore_params(workdir / "checkpoints")
