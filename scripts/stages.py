@@ -9,6 +9,7 @@ I/O), which a second process fills. Each concurrent stage then writes its output
 ends. Wall time per stage lands in `times` either way.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -149,7 +150,8 @@ def _logged(
         if cores:
             # Popen returns once the child has exec'd: a fresh interpreter with one thread, so
             # every thread it starts later (XLA's, BLAS's) inherits this set.
-            os.sched_setaffinity(proc.pid, cores)
+            with contextlib.suppress(ProcessLookupError):  # a stage that has already ended
+                os.sched_setaffinity(proc.pid, cores)
         returncode = proc.wait()
     return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")
 
