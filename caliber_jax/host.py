@@ -3,10 +3,16 @@
 import os
 
 
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (taskset, cgroup cpusets, Slurm), which
-    `os.cpu_count()` ignores."""
+def usable_core_ids() -> list[int] | None:
+    """The ids of the cores this process may run on (its CPU affinity: taskset, cgroup cpusets,
+    Slurm), sorted; None where the platform has no affinity API (macOS)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity API
-        return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on: its CPU affinity, which `os.cpu_count()` ignores."""
+    ids = usable_core_ids()
+    return len(ids) if ids is not None else os.cpu_count() or 1

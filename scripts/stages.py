@@ -21,6 +21,9 @@ from concurrent import futures
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from caliber_jax import host  # noqa: E402  (jax-free)
 
 SUMMARY_LINES = 3  # the last lines of a concurrent stage's log shown when it ends
 
@@ -59,11 +62,8 @@ def summary(text: str, lines: int = SUMMARY_LINES) -> list[str]:
 def core_groups(jobs: int) -> list[tuple[int, ...]]:
     """This process's usable cores split into `jobs` disjoint groups, or [] where that cannot be
     done (fewer cores than jobs, or no affinity API)."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return []
-    if jobs < 2 or len(cores) < jobs:
+    cores = host.usable_core_ids()
+    if cores is None or jobs < 2 or len(cores) < jobs:
         return []
     return [tuple(cores[i::jobs]) for i in range(jobs)]
 

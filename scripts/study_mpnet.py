@@ -203,11 +203,15 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     times: dict[str, float] = state.get("times", {})
     results: dict[str, dict] = state.get("results", {})
 
-    def run(stage: str, argv: list[str], times: dict[str, float]) -> None:
+    def add_times(once: dict[str, float], into: dict[str, float]) -> None:
         # Wall times add up over resumed sessions (a stage may run in several pieces).
+        for stage, seconds in once.items():
+            into[stage] = round(into.get(stage, 0.0) + seconds, 1)
+
+    def run(stage: str, argv: list[str], times: dict[str, float]) -> None:
         once: dict[str, float] = {}
         run_stage(stage, argv, once)
-        times[stage] = round(times.get(stage, 0.0) + once[stage], 1)
+        add_times(once, times)
 
     def save() -> None:
         stats = (
@@ -346,8 +350,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         plan = [Stage(f"train {item[0]}", tuple(train_argv(*item))) for item in untrained_runs]
         once: dict[str, float] = {}
         run_stages(plan, once, cwd=REPO, jobs=jobs, log_dir=out / "logs", pin_cores=True)
-        for stage, seconds in once.items():
-            times[stage] = round(times.get(stage, 0.0) + seconds, 1)
+        add_times(once, times)
         save()
     for label, variant, lam, seed in runs:
         workdir = out / slug(label)
