@@ -336,10 +336,16 @@ class JaxRunner:
         """
         start = time.perf_counter()
         unique = {self._shape_key(b): b for b in self.batches}
+
+        def compile_one(batch):
+            executable = self.train_fn.lower(self.state, batch).compile()
+            # As each shape finishes (a large model on a GPU takes minutes per shape).
+            ids = tuple(v.shape for k, v in sorted(batch.items()) if "ids" in k)
+            print(f"jax_compiled shape={ids} at_s={time.perf_counter() - start:.1f}", flush=True)
+            return executable
+
         with concurrent.futures.ThreadPoolExecutor(len(unique)) as pool:
-            compiled = pool.map(
-                lambda b: self.train_fn.lower(self.state, b).compile(), unique.values()
-            )
+            compiled = pool.map(compile_one, unique.values())
             self.executables = dict(zip(unique, compiled, strict=True))
         return time.perf_counter() - start
 

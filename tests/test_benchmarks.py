@@ -231,6 +231,11 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     values = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)
     for name in ("jax", "torch"):
         assert float(values[f"{name}_seq_per_s"]) > 0
+    # Each step shape reports when its compile ends (before the total, printed after all).
+    compiled = [line for line in lines if line.startswith("jax_compiled shape=")]
+    assert compiled and lines.index(compiled[-1]) < next(
+        i for i, line in enumerate(lines) if line.startswith("jax_compile_s=")
+    )
     # Same weights, same batch: both frameworks start from the same loss.
     assert float(values["jax_first_loss"]) == pytest.approx(
         float(values["torch_first_loss"]), rel=1e-4
