@@ -90,9 +90,9 @@ def run_stages(
         raise ValueError("run_stages: jobs > 1 needs a log_dir for the stages' output")
     log_dir.mkdir(parents=True, exist_ok=True)
     pending, done, failed = list(stages), set(), None
-    running: dict[futures.Future, Stage] = {}
+    # Each running stage with the cores it holds (None: unpinned), handed back when it ends.
+    running: dict[futures.Future, tuple[Stage, tuple[int, ...] | None]] = {}
     free_cores = core_groups(jobs) if pin_cores else []
-    cores_of: dict[futures.Future, tuple[int, ...]] = {}
     with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             ready = [s for s in pending if set(s.after) <= done] if failed is None else []
@@ -103,16 +103,14 @@ def run_stages(
                 print(f"== start {stage.name} (log: {log_dir / log_name(stage.name)}{where})",
                       flush=True)  # fmt: skip
                 future = pool.submit(_logged, stage, log_dir, cwd, cores)
-                running[future] = stage
-                if cores:
-                    cores_of[future] = cores
+                running[future] = (stage, cores)
             if not running:
                 break  # a failure stopped the rest
             finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
             for future in finished:
-                if future in cores_of:
-                    free_cores.append(cores_of.pop(future))
-                stage = running.pop(future)
+                stage, cores = running.pop(future)
+                if cores:
+                    free_cores.append(cores)
                 returncode, seconds, text = future.result()
                 times[stage.name] = round(seconds, 1)
                 print(f"== {stage.name}: {'done' if returncode == 0 else 'FAILED'} in "
