@@ -329,13 +329,17 @@ class JaxRunner:
         return tuple((k, v.shape) for k, v in sorted(batch.items()))
 
     def compile_all(self) -> float:
-        """Compiles the step for every distinct batch shape, in parallel; returns the wall time.
+        """Compiles the step for every distinct batch shape; returns the wall time.
 
         Run in a background thread while PyTorch warms up: XLA's compiler is mostly
-        single-threaded, so the two overlap on a multi-core CPU without touching timed steps.
+        single-threaded, so on a multi-core CPU the shapes compile in parallel, beside PyTorch,
+        without touching timed steps. On a GPU they compile one at a time (and before PyTorch
+        starts, `measure(compile_first=True)`): XLA's autotuner times candidate kernels on the
+        device, and other work there would skew its picks.
         """
         start = time.perf_counter()
         unique = {self._shape_key(b): b for b in self.batches}
+        workers = len(unique) if self.device.platform == "cpu" else 1
 
         def compile_one(batch):
             executable = self.train_fn.lower(self.state, batch).compile()
@@ -344,7 +348,7 @@ class JaxRunner:
             print(f"jax_compiled shape={ids} at_s={time.perf_counter() - start:.1f}", flush=True)
             return executable
 
-        with concurrent.futures.ThreadPoolExecutor(len(unique)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             compiled = pool.map(compile_one, unique.values())
             self.executables = dict(zip(unique, compiled, strict=True))
         return time.perf_counter() - start
@@ -472,20 +476,24 @@ def summarise(name, result, batches, student, peak) -> float:
 
 def measure(
     jax_runner, compiling, make_torch, num_batches: int, *, repeats: int, budget_s: float,
-    min_steps: int,
+    min_steps: int, compile_first: bool = False,
 ):  # fmt: skip
     """Warm-up step per runner, then rounds in which the runners alternate step by step.
 
     `compiling` is the future of `jax_runner.compile_all`, running while PyTorch builds and warms
-    up. Rounds stop after `repeats`, or once the next round would pass `budget_s` (0: no budget),
-    but not before every runner has `min_steps` timed steps. Returns ({name: {"wall", "cpu":
-    [per batch [per round seconds]], ...}}, rounds run).
+    up, or, with `compile_first`, awaited before PyTorch touches the device: XLA's GPU autotuner
+    times candidate kernels on the GPU, and PyTorch's work there would skew its picks. Rounds stop
+    after `repeats`, or once the next round would pass `budget_s` (0: no budget), but not before
+    every runner has `min_steps` timed steps. Returns ({name: {"wall", "cpu": [per batch [per
+    round seconds]], ...}}, rounds run).
     """
     results = {}
+    if compile_first:
+        print(f"jax_compile_s={compiling.result():.1f} (every batch shape, before PyTorch)")
     runners = [] if make_torch is None else [make_torch()]
     runners.append(jax_runner)
     for runner in runners:
-        if runner is jax_runner:
+        if runner is jax_runner and not compile_first:
             print(f"jax_compile_s={compiling.result():.1f} (background, every batch shape)")
         start = time.perf_counter()
         first_loss = float(runner.run(0))
@@ -573,6 +581,7 @@ def main(argv=None) -> None:
         results, rounds = measure(
             jax_runner, compiling, make_torch, len(batches), repeats=args.repeats,
             budget_s=args.time_budget_s, min_steps=args.min_steps,
+            compile_first=device.platform != "cpu",
         )  # fmt: skip
     print(f"timed_rounds={rounds} (steps per framework: {rounds * len(batches)})")
     seq = {

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -214,6 +215,22 @@ def test_measure_takes_min_steps_whatever_the_budget():
         jax_runner, compiling, None, 3, repeats=4, budget_s=0.0, min_steps=1
     )
     assert rounds == 4
+
+
+def test_measure_on_a_gpu_compiles_before_torch_touches_the_device():
+    # The autotuner times kernels on the GPU: PyTorch may only start once every shape is built.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        compiling = pool.submit(lambda: time.sleep(0.2) or 0.2)
+
+        def make_torch():
+            assert compiling.done()
+            return _FakeRunner("torch")
+
+        results, _ = train_throughput.measure(
+            _FakeRunner("jax"), compiling, make_torch, 1, repeats=1, budget_s=0.0, min_steps=1,
+            compile_first=True,
+        )  # fmt: skip
+    assert set(results) == {"jax", "torch"}
 
 
 def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
