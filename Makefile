@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash launch/demo.sh
