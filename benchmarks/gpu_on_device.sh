@@ -20,17 +20,22 @@ mkdir -p "$OUT"
 start=$SECONDS
 
 bash benchmarks/cpu_on_device.sh setup > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD CALIBER_MINILM_DIR=$PWD/runs/device_cpu/minilm
+DATA=runs/device_cpu  # what `cpu_on_device.sh prepare` wrote
+export PYTHONPATH=/tmp/site:$PWD CALIBER_MINILM_DIR=$PWD/$DATA/minilm
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 head -12 "$OUT/nvidia-smi.txt"
 "$PYTHON" -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__)"
 
+# $PARTS: which parts; $GPU_TESTS: which GPU tests; $TRAIN_FLAGS: more train_throughput.py flags.
 PARTS=${PARTS:-cpu_bench gpu_tests train_xla train_cudnn}
-# The CPU benchmark gets the whole call (less a margin); timeout stops its process group.
-[[ " $PARTS " == *" cpu_bench "* ]] || cpu_off=1
-[[ -n "${cpu_off:-}" ]] || timeout "$((LIMIT - 15))" bash benchmarks/cpu_on_device.sh bench > "$OUT/cpu_bench.log" 2>&1 &
-cpu_pid=$!  # (unset when cpu_bench is not in $PARTS)
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
+cpu_pid=
+if wants cpu_bench; then
+  # The whole call (less a margin); timeout stops the benchmark's process group.
+  timeout "$((LIMIT - 15))" bash benchmarks/cpu_on_device.sh bench > "$OUT/cpu_bench.log" 2>&1 &
+  cpu_pid=$!
+fi
 
 gpu_cores="2-$(($(nproc) - 1))"
 part() {  # part NAME SECONDS COMMAND...: COMMAND on the GPU cores, at most SECONDS, log in $OUT
@@ -47,18 +52,18 @@ part() {  # part NAME SECONDS COMMAND...: COMMAND on the GPU cores, at most SECO
   tail -4 "$OUT/$name.log"
 }
 
-# $GPU_TESTS: which GPU tests; $TRAIN_FLAGS: more train_throughput.py flags; $PARTS: which parts.
 read -ra train_flags <<< "${TRAIN_FLAGS:-}"
 # Two batch shapes, 10 timed steps each: on session 16's H100, four shapes of the unrolled 28-layer
 # step had not got past compiling and warming up after 2.5 minutes (BENCHMARKS.md).
 train=(benchmarks/train_throughput.py --preset gpu-qwen3-0.6b --num-batches 2 --repeats 5
-  --filings runs/device_cpu/filings.jsonl.gz --record-stride 1 --compile-cache "" "${train_flags[@]}")
-[[ " $PARTS " == *" gpu_tests "* ]] && part gpu_tests 150 "$PYTHON" -m pytest -q \
+  --filings "$DATA/filings.jsonl.gz" --record-stride 1 --compile-cache "" "${train_flags[@]}")
+wants gpu_tests && part gpu_tests 150 "$PYTHON" -m pytest -q \
   -p no:cacheprovider -m gpu -rs ${GPU_TESTS:-tests/models/test_attention_gpu.py tests/models/test_qwen3_gpu.py}
-[[ " $PARTS " == *" train_xla "* ]] && part train_xla "${TRAIN_LIMIT:-190}" "$PYTHON" "${train[@]}" --jax-attention xla
-[[ " $PARTS " == *" train_cudnn "* ]] && part train_cudnn "${TRAIN_LIMIT:-190}" "$PYTHON" "${train[@]}" --jax-attention cudnn
+wants train_xla && part train_xla "${TRAIN_LIMIT:-190}" "$PYTHON" "${train[@]}" --jax-attention xla
+wants train_cudnn && part train_cudnn "${TRAIN_LIMIT:-190}" "$PYTHON" "${train[@]}" --jax-attention cudnn
 
-[[ -n "${cpu_off:-}" ]] && exit 0
-wait "$cpu_pid"
-echo "== cpu_bench rc=$?"
-grep -E "model name|avx512|ratio_jax_over_torch|seq/s" "$OUT/cpu_bench.log" | tail -12
+if [[ -n "$cpu_pid" ]]; then
+  wait "$cpu_pid"
+  echo "== cpu_bench rc=$?"
+  grep -E "model name|avx512|ratio_jax_over_torch|seq/s" "$OUT/cpu_bench.log" | tail -12
+fi

@@ -328,28 +328,37 @@ class JaxRunner:
     def _shape_key(batch) -> tuple:
         return tuple((k, v.shape) for k, v in sorted(batch.items()))
 
+    @staticmethod
+    def ids_shapes(key: tuple) -> tuple:
+        """The token-id arrays' shapes of a `_shape_key`: how the logs name a step shape."""
+        return tuple(shape for name, shape in key if "ids" in name)
+
+    @property
+    def compile_first(self) -> bool:
+        """Off the CPU, shapes compile one at a time and before PyTorch starts: XLA's autotuner
+        times candidate kernels on the device, and other work there would skew its picks."""
+        return self.device.platform != "cpu"
+
     def compile_all(self) -> float:
         """Compiles the step for every distinct batch shape; returns the wall time.
 
         Run in a background thread while PyTorch warms up: XLA's compiler is mostly
         single-threaded, so on a multi-core CPU the shapes compile in parallel, beside PyTorch,
-        without touching timed steps. On a GPU they compile one at a time (and before PyTorch
-        starts, `measure(compile_first=True)`): XLA's autotuner times candidate kernels on the
-        device, and other work there would skew its picks.
+        without touching timed steps. Off the CPU they compile one at a time (`compile_first`).
         """
         start = time.perf_counter()
         unique = {self._shape_key(b): b for b in self.batches}
-        workers = len(unique) if self.device.platform == "cpu" else 1
+        workers = 1 if self.compile_first else len(unique)
 
-        def compile_one(batch):
+        def compile_one(key, batch):
             executable = self.train_fn.lower(self.state, batch).compile()
             # As each shape finishes (a large model on a GPU takes minutes per shape).
-            ids = tuple(v.shape for k, v in sorted(batch.items()) if "ids" in k)
-            print(f"jax_compiled shape={ids} at_s={time.perf_counter() - start:.1f}", flush=True)
+            print(f"jax_compiled shape={self.ids_shapes(key)} "
+                  f"at_s={time.perf_counter() - start:.1f}", flush=True)  # fmt: skip
             return executable
 
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            compiled = pool.map(compile_one, unique.values())
+            compiled = pool.map(compile_one, unique, unique.values())
             self.executables = dict(zip(unique, compiled, strict=True))
         return time.perf_counter() - start
 
@@ -555,7 +564,7 @@ def main(argv=None) -> None:
         compiling = pool.submit(jax_runner.compile_all)
         pert = np.mean([b["has_pert"].mean() for b in batches])
         shapes = sorted({JaxRunner._shape_key(b) for b in jax_batches})
-        shapes = [tuple(s for k, s in key if "ids" in k) for key in shapes]
+        shapes = [JaxRunner.ids_shapes(key) for key in shapes]
         print(f"preset={args.preset} device={device.device_kind} cores={host.usable_cores()}")
         print(
             f"model={args.model} layers={student.config.num_hidden_layers} "
@@ -581,7 +590,7 @@ def main(argv=None) -> None:
         results, rounds = measure(
             jax_runner, compiling, make_torch, len(batches), repeats=args.repeats,
             budget_s=args.time_budget_s, min_steps=args.min_steps,
-            compile_first=device.platform != "cpu",
+            compile_first=jax_runner.compile_first,
         )  # fmt: skip
     print(f"timed_rounds={rounds} (steps per framework: {rounds * len(batches)})")
     seq = {
