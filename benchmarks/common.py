@@ -350,6 +350,18 @@ def torch_model(student: Student, *, device: str):
     return model.to(device)
 
 
+def torch_from_dir(model_dir: str | os.PathLike, *, num_layers: int | None, device: str):
+    """transformers' `AutoModel` of a local directory, its own weights, no pooler, dropout off."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    overrides = {"num_hidden_layers": num_layers} if num_layers else {}
+    model = transformers.AutoModel.from_pretrained(
+        str(model_dir), add_pooling_layer=False, local_files_only=True, **overrides
+    )
+    return model.to(device)
+
+
 def torch_random_qwen3(config: qwen3.Qwen3Config, *, device: str):
     """transformers' Qwen3Model of `config`, random weights created on `device` in bf16 (SDPA)."""
     import torch

@@ -2,6 +2,8 @@
 
     python benchmarks/encode_throughput.py --preset cpu-minilm           # this CPU box
     python benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode  # one H100 / H200
+    python benchmarks/encode_throughput.py --preset cpu-mpnet            # the #15 study's teacher
+    python benchmarks/encode_throughput.py --preset cpu-mpnet --model-dir DIR   # any local HF dir
 
 JAX runs `Embedder.encode_ids`, the path `embed_teacher` takes: passages sorted by length, cut into
 batches, padded to a few bucket lengths (`embedder.bucket_length`), one jit-compiled forward per
@@ -48,6 +50,17 @@ PRESETS = {
         "passages": 256,
         "repeats": 2,
     },
+    # all-mpnet-base-v2 (scripts/fetch_mpnet.py) at the #15 study's teacher settings
+    # (configs/study_mpnet.py: float32, batch 32, the 128-token data); real weights both sides.
+    "cpu-mpnet": {
+        "model": "dir",
+        "model_dir": "runs/models/all-mpnet-base-v2",
+        "dtype": "float32",
+        "batch_size": 32,
+        "max_length": 128,
+        "passages": 128,
+        "repeats": 2,
+    },
     "gpu-qwen3-8b-encode": {
         "model": "qwen3-8b",
         "dtype": "bfloat16",
@@ -70,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--passages", type=int, help="passages encoded per timed pass")
     parser.add_argument("--repeats", type=int, help="timed passes per framework")
     parser.add_argument("--num-layers", type=int, help="keep the first N layers")
+    parser.add_argument(
+        "--model-dir", help="a local HF / sentence-transformers directory (presets with model=dir)"
+    )
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18)
@@ -105,6 +121,17 @@ def build_models(args):
         )
         tokenizer = tokenization.load_tokenizer(common.minilm_dir())
         make_torch = lambda device: common.torch_model(student, device=device)  # noqa: E731
+    elif args.model == "dir":
+        model_dir = Path(args.model_dir)
+        spec = embedding.read_spec(model_dir, pooling="mean", num_layers=args.num_layers)
+        flat = embedding.load_flat_params(model_dir, spec)
+        graphdef, params = embedding.split_model(
+            spec, flat, dtype=dtype, attention=args.jax_attention
+        )
+        tokenizer = tokenization.load_tokenizer(model_dir)
+        make_torch = lambda device: common.torch_from_dir(  # noqa: E731
+            model_dir, num_layers=args.num_layers, device=device
+        )
     else:
         config = common.QWEN3_EMBEDDING_8B
         if args.num_layers:
@@ -243,7 +270,7 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         vectors[encoder.name] = encoder.encode(seqs)
         print(f"{encoder.name}_warmup_s={time.perf_counter() - start:.1f}")
-    if len(vectors) == 2 and args.model == "minilm":
+    if len(vectors) == 2 and args.model in ("minilm", "dir"):
         # Same weights in both frameworks: the vectors must agree.
         cosine = np.sum(vectors["jax"] * vectors["torch"], axis=-1)
         print(f"min_cosine_jax_vs_torch={cosine.min():.6f}")

@@ -347,8 +347,8 @@ def _define_flags() -> None:
     flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
     flags.DEFINE_string("pooling", None, "Model pooling override (mean/last/cls).")
     flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last/cls).")
-    # "torch": any local sentence-transformers/transformers directory, e.g. MPNet, which has no
-    # Flax port here (caliber_jax.data.torch_teacher).
+    # "torch": any local sentence-transformers/transformers directory, of architectures with no
+    # Flax port here too (caliber_jax.data.torch_teacher).
     flags.DEFINE_enum("backend", "flax", ["flax", "torch"], "How the model is run.")
     flags.DEFINE_enum("teacher_backend", "flax", ["flax", "torch"], "How the teacher is run.")
     flags.DEFINE_string("device", "auto", "torch backend: auto, cpu, cuda, cuda:1, ...")

@@ -62,7 +62,12 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     # Tensors the encoder never uses (BERT's pooler) go out as they came in, so AutoModel
     # loads the full original architecture without re-initialising anything.
     source = hf.read_safetensors(model.init_dir)
-    passthrough = {k: v for k, v in source.items() if k.removeprefix("bert.").startswith("pooler.")}
+    prefix = hf.FAMILIES[spec.family][3]  # "bert.", "mpnet.": a task model's base-model prefix
+    passthrough = {
+        k.removeprefix(prefix): v
+        for k, v in source.items()
+        if k.removeprefix(prefix).startswith("pooler.")
+    }
     embedding.save_pretrained(
         output,
         spec,
@@ -70,7 +75,7 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         tokenizer=tokenizer,
         max_seq_length=config.data.max_length,
         query_prompt=query_prompt,
-        passthrough={k.removeprefix("bert."): v for k, v in passthrough.items()},
+        passthrough=passthrough,
     )
     record = {"workdir": str(workdir), "step": int(step)}
     if interpolate is not None:

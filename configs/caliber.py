@@ -45,8 +45,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.batch_size = 64
     config.teacher.max_length = 512
     config.teacher.chunk_rows = 4096
-    # "flax": our Embedder (Qwen3/BERT, GPU/TPU); "torch": any local sentence-transformers or
-    # transformers directory through PyTorch (black-box teachers, e.g. MPNet).
+    # "flax": our Embedder (Qwen3/BERT/MPNet, GPU/TPU); "torch": any local sentence-transformers or
+    # transformers directory through PyTorch (black-box teachers of any architecture).
     config.teacher.backend = "flax"
     config.teacher.device = "auto"  # torch backend only: "auto", "cpu", "cuda", "cuda:1", ...
     # flax backend: matrices in bfloat16 (an 8B teacher in 16 GB), each batch split over every

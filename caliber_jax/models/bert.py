@@ -13,7 +13,7 @@ from flax import nnx
 
 from caliber_jax.models import layers
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
@@ -46,9 +46,9 @@ class BertConfig:
                 "only 'absolute' is supported"
             )
         act = hf.get("hidden_act", "gelu")
-        if act not in _ACTIVATIONS:
+        if act not in ACTIVATIONS:
             raise ValueError(
-                f"config.json: hidden_act={act!r}, expected one of {sorted(_ACTIVATIONS)}"
+                f"config.json: hidden_act={act!r}, expected one of {sorted(ACTIVATIONS)}"
             )
         if hf["hidden_size"] % hf["num_attention_heads"]:
             raise ValueError("config.json: hidden_size is not a multiple of num_attention_heads")
@@ -118,10 +118,14 @@ class BertEmbeddings(nnx.Module):
 
 
 class BertLayer(nnx.Module):
-    """Post-LN block. Names follow HF's `attention.self.query` etc. flattened one level."""
+    """Post-LN block. Names follow HF's `attention.self.query` etc. flattened one level.
+
+    MPNet's layers are the same block (`mpnet.MPNetEncoder` builds them from its own config,
+    which has the fields read here) with a relative-position bias added to the logits.
+    """
 
     def __init__(
-        self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
+        self, config: "BertConfig", *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
     ):
         d, f, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.query = _linear(d, d, dtype=dtype, rngs=rngs)
@@ -133,17 +137,26 @@ class BertLayer(nnx.Module):
         self.output = _linear(f, d, dtype=dtype, rngs=rngs)
         self.output_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
         self.num_heads = config.num_attention_heads
-        self.activation = _ACTIVATIONS[config.hidden_act]
+        self.activation = ACTIVATIONS[config.hidden_act]
         self.attention = attention
 
-    def __call__(self, x_btd: jax.Array, attention_mask_bt: jax.Array) -> jax.Array:
+    def __call__(
+        self, x_btd: jax.Array, attention_mask_bt: jax.Array, bias_nts: jax.Array | None = None
+    ) -> jax.Array:
+        """`bias_nts`: an additive attention bias per head (MPNet's relative positions)."""
         b, t, _ = x_btd.shape
         heads = (b, t, self.num_heads, -1)
         q_btnh = self.query(x_btd).reshape(heads)
         k_btnh = self.key(x_btd).reshape(heads)
         v_btnh = self.value(x_btd).reshape(heads)
         out_btnh = layers.attention(
-            q_btnh, k_btnh, v_btnh, attention_mask_bt, causal=False, implementation=self.attention
+            q_btnh,
+            k_btnh,
+            v_btnh,
+            attention_mask_bt,
+            causal=False,
+            implementation=self.attention,
+            bias_nts=bias_nts,
         )
         x_btd = self.attention_layernorm(x_btd + self.attention_output(out_btnh.reshape(b, t, -1)))
         hidden_btf = self.activation(self.intermediate(x_btd))

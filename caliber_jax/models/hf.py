@@ -21,7 +21,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from caliber_jax.models import bert, qwen3
+from caliber_jax.models import bert, mpnet, qwen3
 
 # (HF name template, our path template, transform). `{i}` stands for a layer index.
 QWEN3_TABLE = (
@@ -80,9 +80,45 @@ BERT_TABLE = (
     ),
 )
 
+_MPNET_LINEARS = (
+    ("attention.attn.q", "query"),
+    ("attention.attn.k", "key"),
+    ("attention.attn.v", "value"),
+    ("attention.attn.o", "attention_output"),
+    ("intermediate.dense", "intermediate"),
+    ("output.dense", "output"),
+)
+_MPNET_NORMS = (
+    ("attention.LayerNorm", "attention_layernorm"),
+    ("output.LayerNorm", "output_layernorm"),
+)
+MPNET_TABLE = (
+    *(
+        (f"embeddings.{e}.weight", f"embeddings.{e}.embedding", "none")
+        for e in ("word_embeddings", "position_embeddings")
+    ),
+    ("embeddings.LayerNorm.weight", "embeddings.LayerNorm.weight", "none"),
+    ("embeddings.LayerNorm.bias", "embeddings.LayerNorm.bias", "none"),
+    ("encoder.relative_attention_bias.weight", "relative_attention_bias.embedding", "none"),
+    *(
+        (f"encoder.layer.{{i}}.{h}.weight", f"layer.{{i}}.{o}.kernel", "transpose")
+        for h, o in _MPNET_LINEARS
+    ),
+    *(
+        (f"encoder.layer.{{i}}.{h}.bias", f"layer.{{i}}.{o}.bias", "none")
+        for h, o in _MPNET_LINEARS
+    ),
+    *(
+        (f"encoder.layer.{{i}}.{h}.{p}", f"layer.{{i}}.{o}.{p}", "none")
+        for h, o in _MPNET_NORMS
+        for p in ("weight", "bias")
+    ),
+)
+
 FAMILIES = {
     "qwen3": (qwen3.Qwen3Config, qwen3.Qwen3Encoder, QWEN3_TABLE, "model."),
     "bert": (bert.BertConfig, bert.BertEncoder, BERT_TABLE, "bert."),
+    "mpnet": (mpnet.MPNetConfig, mpnet.MPNetEncoder, MPNET_TABLE, "mpnet."),
 }
 # Old BERT checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_NAMES = (

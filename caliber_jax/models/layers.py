@@ -133,18 +133,23 @@ def attention(
     *,
     causal: bool,
     implementation: str = "xla",
+    bias_nts: jax.Array | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention over non-pad keys; grouped-query when K < N.
 
     `attention_mask_bs` is a [B, S] key mask, or a [B, T, S] mask (`segment_mask`, packed rows;
-    "xla" only). "cudnn" goes through `jax.nn.dot_product_attention`, which keeps the softmax in
-    float32, and reads the mask as right padding (`query_seq_lengths`/`key_value_seq_lengths` =
+    "xla" only). `bias_nts` is an additive float32 bias on the scaled logits, one [T, S] table per
+    query head (MPNet's relative-position bias; "xla" only). "cudnn" goes through
+    `jax.nn.dot_product_attention`, which keeps the softmax in float32, and reads the mask as
+    right padding (`query_seq_lengths`/`key_value_seq_lengths` =
     its row sums); padded query rows then come back as zeros, which pooling ignores.
 
     Returns:
         [B, T, N, H] in the dtype of q.
     """
     if implementation == "cudnn":
+        if bias_nts is not None:
+            raise ValueError("attention='cudnn' takes no position bias (MPNet): use 'xla'")
         if attention_mask_bs.ndim != 2:
             raise ValueError("attention='cudnn' takes right-padded rows, not packed ones")
         lengths_b = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
@@ -161,10 +166,14 @@ def attention(
         raise ValueError(
             f"attention={implementation!r}, expected one of {ATTENTION_IMPLEMENTATIONS}"
         )
-    return _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, causal=causal)
+    return _einsum_attention(
+        q_btnh, k_bskh, v_bskh, attention_mask_bs, causal=causal, bias_nts=bias_nts
+    )
 
 
-def _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool) -> jax.Array:
+def _einsum_attention(
+    q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool, bias_nts=None
+) -> jax.Array:
     """Softmax attention as two batched matmuls, logits and softmax in float32.
 
     Heads are moved in front of the sequence axes first ([B, N, T, H]; grouped-query heads as
@@ -188,12 +197,18 @@ def _einsum_attention(q_btnh, k_bskh, v_bskh, attention_mask_bs, *, causal: bool
     if g == 1:  # plain multi-head: 4-D batched matmuls (the 5-D path with G = 1 ran 1.5x slower)
         q_bnth = q_btnh.transpose(0, 2, 1, 3)
         logits = jnp.einsum("bnth,bnsh->bnts", q_bnth, k_bksh, preferred_element_type=jnp.float32)
-        logits = logits * (1.0 / np.sqrt(h)) + bias_bts[:, None]
+        logits = logits * (1.0 / np.sqrt(h))
+        if bias_nts is not None:  # position bias first, then the mask, as HF adds them
+            logits = logits + bias_nts.astype(jnp.float32)[None]
+        logits = logits + bias_bts[:, None]
         probs = jax.nn.softmax(logits, axis=-1).astype(v_bskh.dtype)
         return jnp.einsum("bnts,bnsh->bnth", probs, v_bksh).transpose(0, 2, 1, 3)
     q_bkgth = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4)
     logits = jnp.einsum("bkgth,bksh->bkgts", q_bkgth, k_bksh, preferred_element_type=jnp.float32)
-    logits = logits * (1.0 / np.sqrt(h)) + bias_bts[:, None, None]
+    logits = logits * (1.0 / np.sqrt(h))
+    if bias_nts is not None:
+        logits = logits + bias_nts.astype(jnp.float32).reshape(k, g, t, s)[None]
+    logits = logits + bias_bts[:, None, None]
     probs = jax.nn.softmax(logits, axis=-1).astype(v_bskh.dtype)
     out_bkgth = jnp.einsum("bkgts,bksh->bkgth", probs, v_bksh)
     return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)

@@ -1,6 +1,6 @@
 """`scan_layers=True` (the layers as one lax.scan) gives the unrolled model's outputs and gradients.
 
-Both encoder families on tiny random HF checkpoints; with and without per-layer remat."""
+Every encoder family on tiny random HF checkpoints; with and without per-layer remat."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ import transformers
 from flax import nnx
 
 from caliber_jax.models import embedding, hf
+from tests.models.test_mpnet import make_hf_mpnet
 from tests.models.test_qwen3 import make_hf_qwen3
 
 
@@ -55,10 +56,16 @@ def value_and_grad(model_dir, *, scan: bool, remat: str):
 
 
 @pytest.mark.parametrize(
-    ("family", "remat"), [("bert", "none"), ("qwen3", "none"), ("qwen3", "full")]
+    ("family", "remat"),
+    [("bert", "none"), ("mpnet", "full"), ("qwen3", "none"), ("qwen3", "full")],
 )
 def test_scanned_layers_match_unrolled(tmp_path, family, remat):
-    (make_hf_bert if family == "bert" else make_hf_qwen3)(tmp_path)
+    make = {
+        "bert": make_hf_bert,
+        "mpnet": lambda path: make_hf_mpnet(path, vocab_size=300, max_position_embeddings=66),
+        "qwen3": make_hf_qwen3,
+    }[family]
+    make(tmp_path)
     vectors, grads = value_and_grad(tmp_path, scan=False, remat=remat)
     scanned_vectors, scanned_grads = value_and_grad(tmp_path, scan=True, remat=remat)
     np.testing.assert_allclose(scanned_vectors, vectors, atol=1e-6)
