@@ -13,9 +13,12 @@ import pytest
 
 from caliber_jax import checkpoint
 from caliber_jax.data import pipeline
+from caliber_jax.models import embedding
+from configs.demo import minilm_dir
 from tests.conftest import prepare_sample
 
 REPO = Path(__file__).resolve().parents[1]
+LR = 1e-3
 TINY = [
     "--config.model.num_layers=1",
     "--config.data.max_length=48",
@@ -24,7 +27,7 @@ TINY = [
     "--config.checkpoint_every=2",
     "--config.eval_every=3",
     "--config.log_every=1",
-    "--config.optim.lr=1e-3",
+    f"--config.optim.lr={LR}",
 ]
 
 
@@ -222,10 +225,25 @@ def test_chunked_gradients_train_the_same_params(data_dir, tmp_path):
     (params_chunked, chunked), (params_whole, whole) = runs[8], runs[0]
     assert chunked["compile/step_programs"] == whole["compile/step_programs"] >= 2  # row counts
     np.testing.assert_allclose(chunked["train/loss"], whole["train/loss"], rtol=1e-5)
-    for name in params_whole:
-        np.testing.assert_allclose(
-            params_chunked[name], params_whole[name], rtol=0, atol=2e-5, err_msg=name
-        )
+    # Compared as updates (final - initial params). Summing the gradient in chunks changes its
+    # float rounding, and Adam divides each gradient by its own RMS: where the exact gradient is
+    # ~0 the rounding noise becomes an update of up to ~lr, differently in the two runs. So each
+    # tensor's update must agree in norm to 1e-3 (a dropped or double-counted chunk is off by
+    # O(1)), every element within a tenth of the learning rate; BERT's key bias, whose exact
+    # gradient is zero (softmax ignores a per-row shift), must barely move in either run.
+    # Seen on an AVX-512 Zen 4: worst norm 3.4e-5 (query bias), worst element 2.2e-5.
+    spec = embedding.read_spec(minilm_dir(), pooling="mean", num_layers=1)
+    initial = embedding.load_flat_params(minilm_dir(), spec)
+    lr = LR
+    for name, whole_param in params_whole.items():
+        update_whole = whole_param - initial[name]
+        update_chunked = params_chunked[name] - initial[name]
+        if name.endswith("key.bias"):
+            assert np.abs(update_whole).max() < 0.1 * lr and np.abs(update_chunked).max() < 0.1 * lr
+            continue
+        gap = np.linalg.norm(update_chunked - update_whole) / np.linalg.norm(update_whole)
+        assert gap <= 1e-3, (name, gap)
+        np.testing.assert_allclose(update_chunked, update_whole, atol=0.1 * lr, err_msg=name)
 
 
 def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
