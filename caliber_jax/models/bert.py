@@ -90,7 +90,8 @@ def _linear(d_in: int, d_out: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.L
     )
 
 
-def _embed(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
+def embed_table(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
+    """A lookup table with HF's N(0, 0.02) init, float32 params (BERT, MPNet)."""
     init = nnx.initializers.normal(0.02)
     return nnx.Embed(
         count, width, dtype=dtype, param_dtype=jnp.float32, embedding_init=init, rngs=rngs
@@ -102,9 +103,11 @@ class BertEmbeddings(nnx.Module):
 
     def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         d = config.hidden_size
-        self.word_embeddings = _embed(config.vocab_size, d, dtype=dtype, rngs=rngs)
-        self.position_embeddings = _embed(config.max_position_embeddings, d, dtype=dtype, rngs=rngs)
-        self.token_type_embeddings = _embed(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
+        self.word_embeddings = embed_table(config.vocab_size, d, dtype=dtype, rngs=rngs)
+        self.position_embeddings = embed_table(
+            config.max_position_embeddings, d, dtype=dtype, rngs=rngs
+        )
+        self.token_type_embeddings = embed_table(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
 
     def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
@@ -205,7 +208,7 @@ class BertEncoder(nnx.Module):
         mask, positions_bt = layers.packed_or_padded(
             attention_mask_bt, segment_ids_bt, positions_bt, default_positions_fn=_arange_positions
         )
-        apply = layers.remat_layer(_apply_layer, self.remat)
+        apply = layers.remat_layer(layers.call_layer, self.remat)
         x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt), positions_bt)
         x_btd = layers.apply_layers(self.layer, apply, x_btd, mask, scan=self.scan_layers)
         return x_btd
@@ -214,7 +217,3 @@ class BertEncoder(nnx.Module):
 def _arange_positions(attention_mask_bt: jax.Array) -> jax.Array:
     """HF BERT's default position ids: 0..T-1 in every row, [1, T]."""
     return jnp.arange(attention_mask_bt.shape[1])[None, :]
-
-
-def _apply_layer(layer: BertLayer, *args: jax.Array) -> jax.Array:
-    return layer(*args)

@@ -235,6 +235,11 @@ def resolve_remat(remat: bool | str) -> str:
     return name
 
 
+def call_layer(layer, *args: jax.Array) -> jax.Array:
+    """`layer(*args)`: the `apply_fn` of `remat_layer` / `apply_layers` for plain layers."""
+    return layer(*args)
+
+
 def remat_layer(apply_fn, remat: bool | str):
     """`apply_fn(layer, *args)` wrapped in `nnx.remat` with the named policy (or unchanged)."""
     name = resolve_remat(remat)

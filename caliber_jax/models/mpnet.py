@@ -110,20 +110,15 @@ def relative_position_buckets(length: int) -> np.ndarray:
     return (side + np.where(n < max_exact, n, large)).astype(np.int32)
 
 
-def _embed(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
-    init = nnx.initializers.normal(0.02)
-    return nnx.Embed(
-        count, width, dtype=dtype, param_dtype=jnp.float32, embedding_init=init, rngs=rngs
-    )
-
-
 class MPNetEmbeddings(nnx.Module):
     """Word + absolute position embeddings, then LayerNorm (no token types)."""
 
     def __init__(self, config: MPNetConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         d = config.hidden_size
-        self.word_embeddings = _embed(config.vocab_size, d, dtype=dtype, rngs=rngs)
-        self.position_embeddings = _embed(config.max_position_embeddings, d, dtype=dtype, rngs=rngs)
+        self.word_embeddings = bert.embed_table(config.vocab_size, d, dtype=dtype, rngs=rngs)
+        self.position_embeddings = bert.embed_table(
+            config.max_position_embeddings, d, dtype=dtype, rngs=rngs
+        )
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
 
     def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
@@ -199,9 +194,5 @@ class MPNetEncoder(nnx.Module):
         )
         table_kn = self.relative_attention_bias.embedding[...]
         bias_nts = jnp.moveaxis(table_kn[jnp.asarray(relative_position_buckets(t))], -1, 0)
-        apply = layers.remat_layer(_apply_layer, self.remat)
+        apply = layers.remat_layer(layers.call_layer, self.remat)
         return layers.apply_layers(self.layer, apply, x_btd, mask, bias_nts, scan=self.scan_layers)
-
-
-def _apply_layer(layer: bert.BertLayer, *args: jax.Array) -> jax.Array:
-    return layer(*args)

@@ -220,13 +220,9 @@ class Qwen3Encoder(nnx.Module):
         cos_bth, sin_bth = layers.rope_cos_sin(
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
         )
-        apply = layers.remat_layer(_apply_layer, self.remat)
+        apply = layers.remat_layer(layers.call_layer, self.remat)
         x_btd = self.embed_tokens(layers.mask_ids(input_ids_bt, attention_mask_bt))
         x_btd = layers.apply_layers(
             self.layers, apply, x_btd, cos_bth, sin_bth, mask, scan=self.scan_layers
         )
         return self.norm(x_btd)
-
-
-def _apply_layer(layer: Qwen3DecoderLayer, *args: jax.Array) -> jax.Array:
-    return layer(*args)
