@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import common, compile_depth, torch_reference, train_throughput
+from benchmarks import common, compile_depth, encode_throughput, torch_reference, train_throughput
 from caliber_jax import host, losses, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding, qwen3
@@ -260,6 +260,24 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     assert float(values["ratio_jax_over_torch"]) == pytest.approx(
         float(values["jax_seq_per_s"]) / float(values["torch_seq_per_s"]), rel=1e-2
     )
+
+
+def test_encode_benchmark_reads_any_model_directory(capsys, tmp_path, minilm_dir):
+    """`--model-dir` (the cpu-mpnet preset's way in): the directory's own weights in both
+    frameworks, so their vectors agree; here all-MiniLM-L6-v2 cut to one layer."""
+    encode_throughput.main(
+        [
+            "--preset", "cpu-mpnet", "--model-dir", str(minilm_dir), "--num-layers", "1",
+            "--passages", "6", "--batch-size", "4", "--repeats", "1", "--record-stride", "1",
+            "--filings", str(REPO / "data" / "sample" / "filings.jsonl.gz"),
+            "--compile-cache", str(tmp_path / "cache"),
+        ]
+    )  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    values = dict(line.split("=", 1) for line in lines if re.match(r"^\w+=", line))
+    assert values["model"].startswith("dir layers=1 ")
+    assert float(values["min_cosine_jax_vs_torch"]) >= 0.99999
+    assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
 
 
 def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
