@@ -209,3 +209,13 @@ def test_too_long_sequence_is_named(tiny_dir):
     ids = jnp.full((1, 513), 5, jnp.int32)
     with pytest.raises(ValueError, match="at most 512 tokens"):
         nnx.merge(graphdef, params)(ids, jnp.ones_like(ids))
+
+
+def test_bfloat16_close_to_float32(tiny_dir):
+    """The GPU teacher's dtype: matrices in bfloat16, the relative bias and softmax in float32."""
+    path, _ = tiny_dir
+    seqs = random_ids(seed=5)
+    f32 = Embedder.from_pretrained(path, pooling="mean").encode_ids(seqs)
+    bf16 = Embedder.from_pretrained(path, pooling="mean", dtype="bfloat16").encode_ids(seqs)
+    assert bf16.dtype == np.float32
+    assert np.min(np.sum(f32 * bf16, axis=1)) >= 0.999
