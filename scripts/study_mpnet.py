@@ -180,6 +180,27 @@ def derive_truncated(
         )
 
 
+def add_times(once: dict[str, float], into: dict[str, float], *, fresh: set[str]) -> None:
+    """Adds the wall times of one invocation's stages to the study's record.
+
+    A stage resumed from its own partial output (a later session on the same machine) adds to
+    its latest entry: one stage, run in pieces. A stage in `fresh` started from nothing although
+    the record already has a time for it (a new machine without the old `runs/`, where the
+    teacher is encoded again) gets an entry of its own, "<stage> (run 2)", 3, ..., so the record
+    keeps what one run of it costs.
+    """
+    for stage, seconds in once.items():
+        runs = [stage] + [f"{stage} (run {k})" for k in range(2, 100)]
+        present = [key for key in runs if key in into]
+        if not present:
+            key = stage
+        elif stage in fresh:
+            key = runs[len(present)]
+        else:
+            key = present[-1]
+        into[key] = round(into.get(key, 0.0) + seconds, 1)
+
+
 def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     """The whole study; `run_stage(stage, argv, times)` runs one CLI stage as a subprocess.
 
@@ -203,15 +224,10 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     times: dict[str, float] = state.get("times", {})
     results: dict[str, dict] = state.get("results", {})
 
-    def add_times(once: dict[str, float], into: dict[str, float]) -> None:
-        # Wall times add up over resumed sessions (a stage may run in several pieces).
-        for stage, seconds in once.items():
-            into[stage] = round(into.get(stage, 0.0) + seconds, 1)
-
-    def run(stage: str, argv: list[str], times: dict[str, float]) -> None:
+    def run(stage: str, argv: list[str], times: dict[str, float], *, fresh: bool = False) -> None:
         once: dict[str, float] = {}
         run_stage(stage, argv, once)
-        add_times(once, times)
+        add_times(once, times, fresh={stage} if fresh else set())
 
     def save() -> None:
         stats = (
@@ -242,7 +258,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     )
     times.setdefault("fetch mpnet", round(time.perf_counter() - start, 1))
     if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *config_args], times)
+        run("prepare", ["-m", "caliber_jax.prepare", *config_args], times, fresh=True)
     save()
 
     numgap_path = data / "numgap_test.jsonl"
@@ -311,7 +327,13 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     # After the evaluations that need no teacher vectors, so a short session measures those;
     # not at all once every student is evaluated (a restored study re-encodes nothing).
     if pending:
-        run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *config_args], times)
+        fresh = not (data / "teacher_train").exists()  # else it resumes its own store
+        run(
+            "teacher vectors",
+            ["-m", "caliber_jax.embed_teacher", *config_args],
+            times,
+            fresh=fresh,
+        )
         save()
     variants = {variant for _, variant, _, _ in pending}
     if "trunc384" in variants:
@@ -348,15 +370,21 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     jobs = getattr(args, "jobs", 1)
     if jobs > 1 and len(untrained_runs) > 1:
         plan = [Stage(f"train {item[0]}", tuple(train_argv(*item))) for item in untrained_runs]
+        fresh = {
+            stage.name
+            for stage, item in zip(plan, untrained_runs, strict=True)
+            if not (out / slug(item[0]) / "checkpoints").exists()
+        }
         once: dict[str, float] = {}
         run_stages(plan, once, cwd=REPO, jobs=jobs, log_dir=out / "logs", pin_cores=True)
-        add_times(once, times)
+        add_times(once, times, fresh=fresh)
         save()
     for label, variant, lam, seed in runs:
         workdir = out / slug(label)
         if not finished(label):
             if not trained(label):
-                run(f"train {label}", train_argv(label, variant, lam, seed), times)
+                fresh = not (workdir / "checkpoints").exists()
+                run(f"train {label}", train_argv(label, variant, lam, seed), times, fresh=fresh)
             run(
                 f"export {label}",
                 ["-m", "caliber_jax.export", f"--workdir={workdir}", f"--output={workdir / 'hf'}"],

@@ -370,3 +370,25 @@ def test_results_written_before_per_query_values_are_stale(tmp_path):
     assert not study_mpnet.lacks_per_query(new, "financebench,mrl")
     assert study_mpnet.lacks_per_query(old, "numgap")
     assert not study_mpnet.lacks_per_query(old, "asymmetric")
+
+
+def test_wall_times_add_up_resumed_pieces_and_keep_a_redo_apart():
+    """A stage resumed from its own output adds to its entry; one started again from nothing on
+    a new machine (the teacher encoded again) gets "<stage> (run 2)", and that run's own later
+    pieces add to it."""
+    times = {"teacher vectors": 5000.0, "prepare": 85.0}
+    study_mpnet.add_times({"teacher vectors": 28.0}, times, fresh=set())  # resumed, same machine
+    assert times == {"teacher vectors": 5028.0, "prepare": 85.0}
+    study_mpnet.add_times(
+        {"prepare": 48.0, "teacher vectors": 4000.0}, times, fresh={"prepare", "teacher vectors"}
+    )
+    study_mpnet.add_times({"teacher vectors": 500.0, "train X": 7.0}, times, fresh=set())
+    study_mpnet.add_times({"teacher vectors": 4100.0}, times, fresh={"teacher vectors"})
+    assert times == {
+        "teacher vectors": 5028.0,
+        "prepare": 85.0,
+        "prepare (run 2)": 48.0,
+        "teacher vectors (run 2)": 4500.0,
+        "train X": 7.0,
+        "teacher vectors (run 3)": 4100.0,
+    }
