@@ -147,12 +147,8 @@ class MPNetEncoder(nnx.Module):
         self.config = config
         self.scan_layers = scan_layers
         self.embeddings = MPNetEmbeddings(config, dtype=dtype, rngs=rngs)
-        self.relative_attention_bias = nnx.Embed(
-            NUM_BUCKETS,
-            config.num_attention_heads,
-            param_dtype=jnp.float32,
-            embedding_init=nnx.initializers.normal(0.02),
-            rngs=rngs,
+        self.relative_attention_bias = bert.embed_table(
+            NUM_BUCKETS, config.num_attention_heads, dtype=jnp.float32, rngs=rngs
         )
         self.layer = nnx.List(
             [
