@@ -203,7 +203,8 @@ def main() -> None:
                 results[label]["train_summary"] = json.loads(summary.read_text())
 
     figures = plots.plot_all(results, out / "figures")
-    table = evaluate.format_markdown(results) + significance.paired_tables(results)
+    models = {**results, **significance.seed_means(results)}  # and each model's seed mean
+    table = evaluate.format_markdown(models) + significance.paired_tables(models)
     timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
     report = (
         f"{table}\n\n## Wall-clock (s, this machine)\n\n| stage | seconds |\n| --- | --- |\n"

@@ -236,8 +236,9 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         state_path.write_text(
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
-        table = evaluate.format_markdown(results)
-        table += significance.paired_tables(results)
+        # Each model trained on several seeds also as its seed mean ("LEAF lp long s0+s1").
+        models = {**results, **significance.seed_means(results)}
+        table = evaluate.format_markdown(models) + significance.paired_tables(models)
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
         (out / "study.md").write_text(report)

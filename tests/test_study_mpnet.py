@@ -281,6 +281,12 @@ def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
     assert evaluated == {"Teacher", "Initial lp long s0", *students}
     state = json.loads((record / "study.json").read_text())
     assert "Caliber lp long s1" in state["results"]
+    # The report adds each objective's mean over the two seeds, in the tables and paired tests;
+    # the state keeps only what was measured.
+    report = (record / "study.md").read_text()
+    assert "| Caliber lp long s0+s1 | LEAF lp long s0+s1 |" in report
+    assert "| Caliber lp long s0+s1 | Teacher |" in report
+    assert "LEAF lp long s0+s1" not in state["results"]
     # The figures are drawn once after every student (a study stopped part way has them), the
     # first time with its untrained start.
     assert len(drawn) == len(students)

@@ -13,10 +13,12 @@ both models (`retrieval.per_query_metrics`, saved by `caliber_jax.evaluate` unde
 
 plus the queries won, lost and tied. `paired_tables` gives a study report's tables: every model
 against the teacher, its untrained start, LEAF and its first seed (`comparison_pairs`), for
-nDCG@10, NumGap-D and NumGap-M.
+nDCG@10, NumGap-D and NumGap-M; `seed_means` adds each model trained on several seeds as its
+mean over them, so the report also compares the methods seed-averaged.
 """
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -178,11 +180,52 @@ def format_comparisons(rows: Sequence[Mapping[str, Any]], *, metric: str, task: 
     return title + header + "\n".join(lines) + "\n"
 
 
+# A label's seed: "s1", or "s0+s1" for the mean over those seeds (`seed_means`).
+_SEED = re.compile(r"s\d+(\+s\d+)*")
+
+
 def _parts(label: str) -> tuple[str, str, str]:
-    """'Caliber lp long s1' -> ('Caliber', 'lp long', 's1'); 'Teacher' -> ('Teacher', '', '')."""
+    """'Caliber lp long s1' -> ('Caliber', 'lp long', 's1'); 'Teacher' -> ('Teacher', '', '');
+    'LEAF lp long s0+s1' -> ('LEAF', 'lp long', 's0+s1')."""
     objective, *rest = label.split(" ")
-    seed = rest.pop() if rest and rest[-1][:1] == "s" and rest[-1][1:].isdigit() else ""
+    seed = rest.pop() if rest and _SEED.fullmatch(rest[-1]) else ""
     return objective, " ".join(rest), seed
+
+
+def _mean_tree(trees: Sequence[Any]) -> Any:
+    """The element-wise mean of results trees: numbers averaged, mappings recursed on the keys
+    every tree has; anything else (lists, strings) is None and left out."""
+    if all(isinstance(tree, Mapping) for tree in trees):
+        keys = [key for key in trees[0] if all(key in tree for tree in trees[1:])]
+        means = {key: _mean_tree([tree[key] for tree in trees]) for key in keys}
+        return {key: value for key, value in means.items() if value is not None}
+    if all(isinstance(x, int | float) and not isinstance(x, bool) for x in trees):
+        return float(np.mean(trees))
+    return None
+
+
+def seed_means(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every model trained on two or more seeds as one more model, '<objective> <variant>
+    s0+s1', whose metrics and per-query values are the mean over its seeds.
+
+    A method difference smaller than the seed-to-seed spread shows up in one seed's pair and not
+    the other's; the paired test of the seed means asks whether it holds on average, per query
+    (each question's nDCG@10 averaged over the seeds). Only what every seed has is averaged: a
+    query or metric one seed lacks is left out (and a paired test against a model that has it
+    then refuses, naming the difference).
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for label in results:
+        objective, variant, seed = _parts(label)
+        if seed and "+" not in seed:
+            groups.setdefault((objective, variant), []).append(label)
+    means = {}
+    for (objective, variant), labels in groups.items():
+        if len(labels) > 1:
+            seeds = "+".join(_parts(label)[2] for label in labels)
+            name = " ".join(part for part in (objective, variant, seeds) if part)
+            means[name] = _mean_tree([results[label] for label in labels])
+    return means
 
 
 def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -191,7 +234,8 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     Teacher; every trained student against its untrained start (the Initial of the same variant,
     the first seed's when the fitted start is the same for every seed); every other objective
     against LEAF of the same variant and seed; a later seed against the first seed's run of the
-    same model (the seed-to-seed noise that a method difference has to exceed)."""
+    same model (the seed-to-seed noise that a method difference has to exceed). A seed mean
+    ("LEAF lp long s0+s1", `seed_means`) pairs like a seed, except with a single seed."""
     present = set(labels)
     pairs = []
     for label in labels:
@@ -209,8 +253,9 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
         leaf = " ".join(part for part in ("LEAF", variant, seed) if part)
         if objective != "LEAF" and leaf in present:
             pairs.append((label, leaf))
-        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)]
-        if seeds and seeds[0] != label:
+        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)
+                 and "+" not in _parts(other)[2]]  # fmt: skip
+        if "+" not in seed and seeds and seeds[0] != label:
             pairs.append((label, seeds[0]))
     return pairs
 

@@ -167,3 +167,49 @@ def test_paired_tables_cover_the_models_with_values():
     assert "| LEAF s0 | Teacher | 0.8333 | 0.5000 | +0.3333 |" in tables
     assert "Caliber s0" not in tables
     assert significance.paired_tables({"Teacher": results["Teacher"]}) == ""
+
+
+def test_seed_means_average_metrics_and_queries_and_pair_like_a_seed():
+    def run(ndcg, per_query, numgap_d):
+        return {
+            "financebench": {"ndcg_at_10": ndcg},
+            "numgap": {"overall": {"D": numgap_d}},
+            "validation": [{"step": 0}],  # a curve is not averaged
+            "per_query": {"financebench": {"ndcg_at_10": per_query}},
+        }
+
+    results = {
+        "Teacher": run(0.6, {"q1": 1.0, "q2": 0.2}, 0.01),
+        "Initial lp long s0": run(0.4, {"q1": 0.5, "q2": 0.3}, 0.0),
+        "LEAF lp long s0": run(0.5, {"q1": 1.0, "q2": 0.0}, 0.02),
+        "Caliber lp long s0": run(0.6, {"q1": 1.0, "q2": 0.2}, 0.04),
+        "LEAF lp long s1": run(0.7, {"q1": 0.5, "q2": 0.9}, 0.00),
+        "Caliber lp long s1": run(0.8, {"q1": 0.75, "q2": 0.85}, 0.01),
+        "LEAF lp long s2": {"financebench": {"ndcg_at_10": 0.9}},  # no per-query values
+    }
+    means = significance.seed_means(results)
+    assert list(means) == ["LEAF lp long s0+s1+s2", "Caliber lp long s0+s1"]
+    leaf, caliber = means["LEAF lp long s0+s1+s2"], means["Caliber lp long s0+s1"]
+    assert leaf == {"financebench": {"ndcg_at_10": pytest.approx(0.7)}}  # only what all three have
+    assert caliber["financebench"]["ndcg_at_10"] == pytest.approx(0.7)
+    assert caliber["numgap"]["overall"]["D"] == pytest.approx(0.025)
+    assert caliber["per_query"]["financebench"]["ndcg_at_10"] == pytest.approx(
+        {"q1": 0.875, "q2": 0.525}
+    )
+    assert "validation" not in caliber
+    assert significance.seed_means({"Teacher": results["Teacher"], **dict([means.popitem()])}) == {}
+    # The mean pairs with the teacher, the (shared) start and LEAF's mean, not with its own seeds.
+    labels = ["Teacher", "Initial lp long s0", "LEAF lp long s0+s1", "Caliber lp long s0+s1"]
+    assert significance.comparison_pairs(labels) == [
+        ("Initial lp long s0", "Teacher"),
+        ("LEAF lp long s0+s1", "Teacher"), ("LEAF lp long s0+s1", "Initial lp long s0"),
+        ("Caliber lp long s0+s1", "Teacher"), ("Caliber lp long s0+s1", "Initial lp long s0"),
+        ("Caliber lp long s0+s1", "LEAF lp long s0+s1"),
+    ]  # fmt: skip
+    two = {label: result for label, result in results.items() if not label.endswith("s2")}
+    models = {**two, **significance.seed_means(two)}
+    tables = significance.paired_tables(models, resamples=100)
+    # Caliber's mean per query (0.875, 0.525) against LEAF's (0.75, 0.45): +0.1 on average.
+    assert "| Caliber lp long s0+s1 | LEAF lp long s0+s1 | 0.7000 | 0.6000 | +0.1000 |" in tables
+    assert "| Caliber lp long s1 | Caliber lp long s0 |" in tables
+    assert "| Caliber lp long s0+s1 | Caliber lp long s0 |" not in tables
