@@ -196,6 +196,23 @@ def restore_records(record: Path | None, root: Path, pattern: str = "**/*.json")
     return restored
 
 
+def keep_recorded(path: Path, root: Path, record: Path | None) -> bool:
+    """Makes `path` (a file under `root`, rebuilt by this run) the recorded copy when there is
+    one, else records it; True when the rebuilt file differed and was replaced. For inputs every
+    recorded result depends on, such as an evaluation set that another machine may rebuild a
+    little differently."""
+    if record is None or not path.is_file():
+        return False
+    recorded = record / path.relative_to(root)
+    if not recorded.is_file():
+        _copy_atomic(path, recorded)
+        return False
+    if recorded.read_bytes() == path.read_bytes():
+        return False
+    _copy_atomic(recorded, path)
+    return True
+
+
 def _copy_atomic(source: Path, target: Path) -> None:
     """Copies `source` to `target` through a temporary file: a killed copy leaves no half file."""
     target.parent.mkdir(parents=True, exist_ok=True)

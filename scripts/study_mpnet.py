@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
-from stages import Stage, record_file, restore_records, run_stages  # noqa: E402
+from stages import Stage, keep_recorded, record_file, restore_records, run_stages  # noqa: E402
 
 from caliber_jax import evaluate  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
@@ -263,6 +263,11 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     save()
 
     numgap_path = data / "numgap_test.jsonl"
+    # Every recorded NumGap result was scored on the recorded records: a rebuild on another
+    # machine can differ (BM25 ties were once broken in an unspecified order; docs/results.md,
+    # session 18), so the recorded file wins, and results scored on others cannot mix.
+    if keep_recorded(numgap_path, out, record):
+        print(f"study: {numgap_path.name} differs from the recorded one; using the recorded one")
     eval_common = [
         f"--financebench={args.financebench}",
         f"--numgap={numgap_path}",

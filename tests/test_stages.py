@@ -10,7 +10,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from stages import Stage, check_graph, core_groups, log_name, run_stages, summary  # noqa: E402
+from stages import (  # noqa: E402
+    Stage,
+    check_graph,
+    core_groups,
+    keep_recorded,
+    log_name,
+    run_stages,
+    summary,
+)
 
 
 def _writer(path: Path, text: str, *, sleep: float = 0.0, wait_for: Path | None = None):
@@ -131,3 +139,19 @@ def test_config_value_imports_configs_package_from_a_plain_script(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "neighbour"
+
+
+def test_keep_recorded_records_once_then_puts_the_recorded_file_back(tmp_path):
+    root, record = tmp_path / "run", tmp_path / "record"
+    path = root / "data" / "numgap_test.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("first build\n")
+    assert keep_recorded(path, root, record) is False  # nothing recorded yet: records it
+    assert (record / "data" / "numgap_test.jsonl").read_text() == "first build\n"
+    assert keep_recorded(path, root, record) is False  # the same bytes: nothing to do
+    path.write_text("a rebuild on another machine\n")
+    assert keep_recorded(path, root, record) is True
+    assert path.read_text() == "first build\n"
+    assert not list(path.parent.glob("*.tmp"))
+    assert keep_recorded(path, root, None) is False  # no record: the file stays as built
+    assert keep_recorded(root / "missing.jsonl", root, record) is False

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import bm25s
+import numpy as np
 
 from caliber_jax import paths
 from caliber_jax.data import corpus, perturb
@@ -75,24 +76,30 @@ class Bm25Neighbours:
         self.size = len(texts)
 
     def neighbours(self, indices: Sequence[int], *, k: int) -> list[list[int]]:
-        """Top-`k` BM25 neighbours (score > 0, best first) of each indexed text, self included."""
-        queries = [self._token_ids[index] for index in indices]
-        # An empty query (all stopwords) has no neighbours; bm25s rejects it, so skip it.
-        live = [position for position, query in enumerate(queries) if query]
-        results: list[list[int]] = [[] for _ in indices]
-        if not live:
-            return results
-        documents, scores = self._retriever.retrieve(
-            [queries[position] for position in live],
-            k=min(k, self.size),
-            show_progress=False,
-            backend_selection="numpy",  # This module stays free of jax.
-        )
-        for position, row_docs, row_scores in zip(live, documents, scores, strict=True):
-            results[position] = [
-                int(doc) for doc, score in zip(row_docs, row_scores, strict=True) if score > 0
-            ]
-        return results
+        """Top-`k` BM25 neighbours (score > 0, best first, equal scores by corpus position) of
+        each indexed text, self included.
+
+        The order of equal scores is fixed here rather than left to bm25s's top-k
+        (`np.argpartition`, whose order among ties differs between machines): a passage repeated
+        verbatim in two filings scores the same, and which one becomes a distractor must not
+        depend on the CPU (docs/results.md, session 18).
+        """
+        # An empty query (all stopwords) has no neighbours; bm25s rejects it.
+        return [
+            top_k_by_score(self._retriever.get_scores_from_ids(query), k) if query else []
+            for query in (list(self._token_ids[index]) for index in indices)
+        ]
+
+
+def top_k_by_score(scores: np.ndarray, k: int) -> list[int]:
+    """Positions of the `k` highest positive `scores`, highest first, equal scores in ascending
+    position: the same on every machine (every tie at the cut is kept until the final sort)."""
+    positive = np.flatnonzero(scores > 0)
+    if len(positive) > k:
+        cut = np.partition(scores[positive], len(positive) - k)[len(positive) - k]
+        positive = positive[scores[positive] >= cut]
+    order = np.lexsort((positive, -scores[positive]))
+    return [int(position) for position in positive[order[:k]]]
 
 
 def _check_quotas(quotas: Mapping[str, int], name: str) -> None:

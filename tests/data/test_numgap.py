@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 
 from caliber_jax.data import numgap, perturb
@@ -73,6 +74,34 @@ def test_bm25_neighbours_are_topical():
         assert neighbours[0] == query
         topic = passages[query]["id"].split(":")[0]
         assert all(passages[doc]["id"].startswith(topic) for doc in neighbours)
+
+
+def test_top_k_by_score_orders_ties_by_position_and_keeps_the_lowest_at_the_cut():
+    scores = np.array([0.5, 2.0, 0.0, 2.0, 1.0, 2.0, -1.0, 2.0], np.float32)
+    assert numgap.top_k_by_score(scores, 2) == [1, 3]  # four tied at 2.0: the first two
+    assert numgap.top_k_by_score(scores, 5) == [1, 3, 5, 7, 4]
+    assert numgap.top_k_by_score(scores, 10) == [1, 3, 5, 7, 4, 0]  # positive scores only
+    assert numgap.top_k_by_score(np.zeros(3), 2) == []
+
+
+def test_bm25_neighbours_break_ties_by_position_and_match_bm25s_scores():
+    """Verbatim repeats (one passage in two filings) score the same; which of them is a
+    neighbour, and in which order, is fixed by corpus position on every machine."""
+    passages = make_corpus(per_topic=5)
+    texts = [passage["text"] for passage in passages]
+    repeated = texts[3]
+    texts = [repeated, *texts, repeated, repeated]  # positions 0, 4, len-2 and len-1
+    index = numgap.Bm25Neighbours(texts)
+    copies = [0, 4, len(texts) - 2, len(texts) - 1]
+    for query in copies:
+        assert index.neighbours([query], k=4) == [copies]  # all four tie at the top
+        assert index.neighbours([query], k=2) == [copies[:2]]
+    # Outside the ties, the order is bm25s's own ranking by score.
+    (mine,) = index.neighbours([7], k=6)
+    scores = index._retriever.get_scores_from_ids(list(index._token_ids[7]))
+    assert [round(float(scores[doc]), 4) for doc in mine] == sorted(
+        (round(float(x), 4) for x in scores if x > 0), reverse=True
+    )[:6]
 
 
 QUOTAS_TEST = {"magnitude": 12, "polarity": 10, "unit": 8}
