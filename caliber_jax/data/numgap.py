@@ -73,7 +73,6 @@ class Bm25Neighbours:
         self._token_ids = tokens.ids
         self._retriever = bm25s.BM25()
         self._retriever.index(tokens, show_progress=False)
-        self.size = len(texts)
 
     def neighbours(self, indices: Sequence[int], *, k: int) -> list[list[int]]:
         """Top-`k` BM25 neighbours (score > 0, best first, equal scores by corpus position) of

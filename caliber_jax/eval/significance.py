@@ -237,26 +237,28 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     same model (the seed-to-seed noise that a method difference has to exceed). A seed mean
     ("LEAF lp long s0+s1", `seed_means`) pairs like a seed, except with a single seed."""
     present = set(labels)
+    parts = {label: _parts(label) for label in labels}
     pairs = []
     for label in labels:
-        objective, variant, seed = _parts(label)
+        objective, variant, seed = parts[label]
         if label == "Teacher":
             continue
         if "Teacher" in present:
             pairs.append((label, "Teacher"))
         if objective == "Initial":
             continue
-        initials = [other for other in labels if _parts(other)[:2] == ("Initial", variant)]
-        same_seed = [other for other in initials if _parts(other)[2] == seed]
+        initials = [other for other in labels if parts[other][:2] == ("Initial", variant)]
+        same_seed = [other for other in initials if parts[other][2] == seed]
         if same_seed or initials:
             pairs.append((label, (same_seed or initials)[0]))
         leaf = " ".join(part for part in ("LEAF", variant, seed) if part)
         if objective != "LEAF" and leaf in present:
             pairs.append((label, leaf))
-        seeds = [other for other in labels if _parts(other)[:2] == (objective, variant)
-                 and "+" not in _parts(other)[2]]  # fmt: skip
-        if "+" not in seed and seeds and seeds[0] != label:
-            pairs.append((label, seeds[0]))
+        # A single seed against the first seed's run; a seed mean against no seed of its own.
+        first_seed = next((other for other in labels if parts[other][:2] == (objective, variant)
+                           and "+" not in parts[other][2]), label)  # fmt: skip
+        if "+" not in seed and first_seed != label:
+            pairs.append((label, first_seed))
     return pairs
 
 
