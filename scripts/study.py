@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from stages import Stage, config_value, run_stages  # noqa: E402  (scripts/ is on sys.path)
 
-from caliber_jax import evaluate, host  # noqa: E402
+from caliber_jax import cli, evaluate, host  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
 
 # The paper's eq. 4 (LEAF at lambda = 0) on a config whose default objective is another one.
@@ -121,6 +121,7 @@ def main() -> None:
         help="stages run side by side (1: one after the other, streaming their output); "
         "--preset mpnet*: the students still to train, each pinned to its share of the cores",
     )  # fmt: skip
+    parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
     if args.preset in ("mpnet", "mpnet-long"):
         import study_mpnet  # scripts/ is on sys.path: this file's folder
@@ -232,5 +233,24 @@ def _evaluate_args(models: dict[str, tuple[str, int]], out: Path, eval_args: lis
             f"--output={output}")  # fmt: skip
 
 
+def stopped(error: BaseException) -> tuple[str, int]:
+    """The one line and exit status for a study that stops on a failed stage (whose own error
+    line is already printed above it) or on a user error of its own (e.g. results scored on
+    different NumGap records)."""
+    if isinstance(error, subprocess.CalledProcessError):
+        command = " ".join(str(part) for part in error.cmd[1:])
+        line = (f"study: stopped: stage `python {command}` failed (exit {error.returncode}; its "
+                "error is above); fix it and rerun the same command to resume")  # fmt: skip
+        return line, error.returncode
+    return f"study: stopped: {cli.format_error(error)}", cli.EXIT_USER_ERROR
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (subprocess.CalledProcessError, *cli.USER_ERRORS) as error:
+        if "--traceback" in sys.argv[1:]:
+            raise
+        line, status = stopped(error)
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(status)

@@ -66,3 +66,31 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
     assert configs["LEAF s0"]["loss"]["lam"] == 0.0
     assert configs["Caliber-paper s0"]["loss"]["objective"] == "caliber"
     assert configs["Numeric s0"]["loss"]["objective"] == "neighbour"
+
+
+def test_a_failed_stage_stops_the_study_with_one_line_and_its_status(tmp_path):
+    missing = tmp_path / "no_such_filings.jsonl.gz"
+    argv = [sys.executable, "scripts/study.py", "--preset", "smoke", "--output",
+            str(tmp_path / "out"), "--filings", str(missing)]  # fmt: skip
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+    assert result.returncode == 2  # the failed stage's own status (a user error)
+    assert "Traceback" not in result.stdout + result.stderr
+    assert str(missing) in result.stdout  # the stage's own error line, in its summary
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("study: stopped: stage `python -m caliber_jax.prepare ")
+    assert "rerun the same command to resume" in line
+    # --traceback shows where it stopped.
+    traced = subprocess.run([*argv, "--traceback"], cwd=REPO, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    assert traced.returncode != 0 and "CalledProcessError" in traced.stderr
+
+
+def test_a_user_error_of_the_study_itself_is_one_line():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import study
+
+    line, status = study.stopped(ValueError("LEAF s1 and Teacher scored different queries"))
+    assert (line, status) == (
+        "study: stopped: error: LEAF s1 and Teacher scored different queries",
+        2,
+    )
