@@ -352,6 +352,50 @@ def test_structure_loss_hand_values():
     np.testing.assert_allclose(rotated[:2], 0.0, atol=1e-6)
 
 
+def _near_teacher_batch(noise: float, rows: int = 8, dim: int = 384):
+    """Unit teacher vectors t_x, t_px (= t_x moved by 5%) and students within `noise` of them."""
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+
+    def unit(x):
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+    t_x = unit(jax.random.normal(keys[0], (rows, dim)))
+    t_px = unit(t_x + 0.05 * jax.random.normal(keys[1], (rows, dim)))
+    s_x = unit(t_x + noise * jax.random.normal(keys[2], (rows, dim)))
+    s_px = unit(t_px + noise * jax.random.normal(keys[3], (rows, dim)))
+    present = jnp.ones(rows, bool)
+    return s_x, s_px, t_x, t_px, present, present
+
+
+@pytest.mark.parametrize("default", ["bfloat16", "tensorfloat32", "float32"])
+def test_structure_loss_is_float32_whatever_the_default_matmul_precision(default):
+    """Both similarity matmuls are lowered at HIGHEST precision under every default setting (the
+    CPU ignores the setting, so the lowered program is what a GPU or TPU would run), and the
+    value does not move."""
+    batch = _near_teacher_batch(noise=1e-3)
+    reference = jax.jit(losses.structure_loss)(*batch)
+    with jax.default_matmul_precision(default):
+        structure_fn = jax.jit(losses.structure_loss)
+        text = structure_fn.lower(*batch).as_text()
+        value = structure_fn(*batch)
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert len(dots) == 2, text
+    for line in dots:
+        assert "precision = [HIGHEST, HIGHEST]" in line, line
+    np.testing.assert_array_equal(value, reference)
+
+
+def test_structure_loss_needs_more_than_bfloat16_operands():
+    """Why: a student within ~1e-3 of its teacher has a structure term of ~2e-6 per row; operands
+    rounded to bfloat16 (one bfloat16 MXU pass, a TPU's default) move it by up to ~9%."""
+    batch = _near_teacher_batch(noise=1e-3)
+    full = losses.structure_loss(*batch)
+    rounded = [x.astype(jnp.bfloat16).astype(jnp.float32) for x in batch[:4]]
+    coarse = losses.structure_loss(*rounded, *batch[4:])
+    assert 1e-6 < float(full.min()) and float(full.max()) < 5e-6, full
+    assert float(jnp.max(jnp.abs(coarse / full - 1))) > 0.05
+
+
 def test_calibration_errors():
     with pytest.raises(ValueError, match="objective"):
         _calibration("triplet-ish", lam=1.0, margin=0.1, perturb_weight=1.0)
