@@ -198,9 +198,14 @@ def parse_flags(argv: list[str]) -> list[str]:
 def run(main: Callable[[list[str]], Any]) -> None:
     """`absl.app.run(main)` with the shared flags, quiet logs, cache, and one-line errors.
 
-    First of all, before JAX starts: freed host memory stays mapped for reuse (`hostmem`).
+    First of all, before JAX starts: on the CPU backend, freed host memory stays mapped for reuse
+    (`hostmem`; `CALIBER_JAX_HOST_MALLOC=retain|default` overrides).
     """
-    hostmem.retain_freed_memory()
+    try:
+        hostmem.apply()
+    except ValueError as error:
+        print(format_error(error), file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     define_flags()
     app.run(guard(main), flags_parser=parse_flags)
 
