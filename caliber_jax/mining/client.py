@@ -1,35 +1,61 @@
-"""A small client for OpenAI-compatible servers (vLLM, llama.cpp server, Ollama, hosted APIs).
+"""A cached, concurrency-bounded client for OpenAI-compatible servers (vLLM, llama.cpp, Ollama,
+hosted APIs) on the official `openai` package.
 
-Speaks `/v1/chat/completions` and `/v1/completions` over plain HTTP (`urllib`), retries 429/5xx and
-connection errors with exponential backoff, bounds the number of requests in flight, and caches
-every response on disk under the SHA-256 of the request JSON, so a rerun or a crash never sends
-(or pays for) the same request twice. No jax.
+`openai` does the transport (connection pool, auth header, timeouts) and classifies failures into
+its exception types. On top: one retry policy for every transient failure (408/409/429/5xx,
+connection and read errors such as a body cut short, timeouts, and a 200 whose body is not a
+completion, which the library does not retry), a bound on requests in flight, and a disk cache of
+successful responses keyed by the SHA-256 of (server, endpoint, request), so a rerun or a crash
+never sends (or pays for) the same request twice. A request that fails for good (a 400 for an
+over-long prompt, retries exhausted) is returned as an error record with its reason and counted,
+never raised: one bad request must not stop a stage. Failures that are not about one request (a
+wrong key, model or URL: 401/403/404; a server that cannot be reached) raise `RequestError`. No
+jax.
 """
 
+import collections
 import concurrent.futures
 import hashlib
 import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import openai
+
 RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
+# Statuses that say the configuration is wrong (key, model, URL), not the request.
+FATAL_STATUS = (401, 403, 404)
 ENDPOINTS = ("chat", "completions")
+# Sent when no key is configured: local servers ignore it (vLLM's documented placeholder);
+# `openai` refuses to build a client without one.
+NO_KEY = "EMPTY"
 
 
 class RequestError(RuntimeError):
-    """A request failed for good (a non-retryable status, or retries exhausted)."""
+    """The server cannot serve any request as configured (wrong key/model/URL, unreachable)."""
 
 
-def request_key(endpoint: str, payload: dict[str, Any]) -> str:
-    """Cache key: SHA-256 of the canonical JSON of (endpoint, payload)."""
-    blob = json.dumps({"endpoint": endpoint, "payload": payload}, sort_keys=True)
+class MalformedResponse(ValueError):
+    """A 200 whose body is not a JSON object with a `choices` list."""
+
+
+def request_key(base_url: str, endpoint: str, payload: dict[str, Any]) -> str:
+    """Cache key: SHA-256 of the canonical JSON of (server, endpoint, payload)."""
+    blob = json.dumps(
+        {"base_url": base_url, "endpoint": endpoint, "payload": payload}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def failure_reason(response: dict[str, Any]) -> str | None:
+    """Why a request failed for good ("HTTP 400", "malformed response", ...), None if it did
+    not."""
+    error = response.get("error")
+    return error.get("reason") if isinstance(error, dict) and "reason" in error else None
 
 
 class ResponseCache:
@@ -60,6 +86,8 @@ class OpenAIClient:
 
     Attributes:
       calls: HTTP requests actually sent (retries included); cache hits do not count.
+      failures: reason -> number of requests that failed for good ("HTTP 400", "HTTP 500",
+        "malformed response", "timeout", "connection").
     """
 
     def __init__(
@@ -79,14 +107,14 @@ class OpenAIClient:
         """Args:
         base_url: server root, e.g. "http://localhost:8000/v1" (a missing "/v1" is added).
         model: model name sent with every request.
-        api_key_env: name of the environment variable holding the API key (None or unset:
-          no Authorization header, as local servers need).
+        api_key_env: name of the environment variable holding the API key (None or unset: a
+          placeholder key, which local servers ignore).
         cache_dir: response cache directory; None disables caching.
-        max_retries: retries after the first attempt for 429/5xx/connection errors.
+        max_retries: retries after the first attempt of a transient failure.
         backoff_seconds: first retry delay; doubles each retry (a Retry-After header wins).
         max_backoff_seconds: cap on one delay.
         concurrency: requests in flight at once in `map`.
-        timeout_seconds: socket timeout per request.
+        timeout_seconds: timeout of one attempt.
         sleep_fn: how to wait between retries (tests pass a recorder).
         """
         if concurrency < 1 or max_retries < 0:
@@ -96,15 +124,23 @@ class OpenAIClient:
         base = base_url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.model = model
-        self.api_key = os.environ.get(api_key_env) if api_key_env else None
+        api_key = os.environ.get(api_key_env) if api_key_env else None
+        # Retries are ours (max_retries=0 here): one policy and one backoff for every transient
+        # failure, including the malformed 200 that `openai` would hand back as success.
+        self._openai = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=api_key or NO_KEY,
+            max_retries=0,
+            timeout=timeout_seconds,
+        )
         self.cache = ResponseCache(cache_dir) if cache_dir else None
         self.max_retries = max_retries
         self.backoff_seconds = backoff_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.concurrency = concurrency
-        self.timeout_seconds = timeout_seconds
         self.sleep_fn = sleep_fn
         self.calls = 0
+        self.failures: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
     def chat(self, messages: Sequence[dict[str, str]], **params: Any) -> dict[str, Any]:
@@ -116,17 +152,25 @@ class OpenAIClient:
         return self.request("completions", {"prompt": prompt, **params})
 
     def request(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One cached call; `endpoint` is "chat" or "completions"."""
+        """One cached call; `endpoint` is "chat" or "completions".
+
+        Returns:
+          The server's JSON response, or {"error": {"reason", "message"}} when the request
+          failed for good (see `failure_reason`; not cached, so a rerun asks again).
+        """
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint={endpoint!r}, expected one of {ENDPOINTS}")
         payload = {"model": self.model, **body}
-        key = request_key(endpoint, payload)
+        key = request_key(self.base_url, endpoint, payload)
         if self.cache is not None:
             cached = self.cache.get(key)
             if cached is not None:
                 return cached
         response = self._send(endpoint, payload)
-        if self.cache is not None:
+        if failure_reason(response) is not None:
+            with self._lock:
+                self.failures[failure_reason(response)] += 1
+        elif self.cache is not None:
             self.cache.put(key, payload, response)
         return response
 
@@ -137,30 +181,50 @@ class OpenAIClient:
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda call: self.request(*call), calls))
 
-    def _send(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
         path = "/chat/completions" if endpoint == "chat" else "/completions"
-        url = self.base_url + path
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(payload).encode("utf-8")
+        # cast_to=str: the raw body, parsed here, so a malformed one is ours to retry.
+        text = self._openai.post(path, body=payload, cast_to=str)
+        try:
+            response = json.loads(text)
+        except (json.JSONDecodeError, TypeError) as error:
+            raise MalformedResponse(f"not JSON: {str(text)[:200]!r}") from error
+        if not isinstance(response, dict) or not isinstance(response.get("choices"), list):
+            raise MalformedResponse(f"no choices list: {str(text)[:200]!r}")
+        return response
+
+    def _send(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         delay = self.backoff_seconds
         for attempt in range(self.max_retries + 1):
             with self._lock:
                 self.calls += 1
             retry_after = None
             try:
-                request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
-                    return json.loads(response.read().decode("utf-8"))
-            except urllib.error.HTTPError as error:
-                detail = error.read().decode("utf-8", "replace")[:300]
-                if error.code not in RETRY_STATUS or attempt == self.max_retries:
-                    raise RequestError(f"{url}: HTTP {error.code}: {detail}") from error
-                retry_after = _retry_after(error.headers.get("Retry-After"))
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-                if attempt == self.max_retries:
-                    raise RequestError(f"{url}: {error}") from error
+                return self._post(endpoint, payload)
+            except openai.APIStatusError as error:
+                status = error.status_code
+                if status in FATAL_STATUS:
+                    raise RequestError(
+                        f"{url}: HTTP {status} (check config.llm.base_url, model and "
+                        f"api_key_env): {error.message[:300]}"
+                    ) from error
+                reason, detail = f"HTTP {status}", error.message[:300]
+                retryable = status in RETRY_STATUS or status >= 500
+                retry_after = _retry_after(error.response.headers)
+            except openai.APITimeoutError as error:
+                reason, detail, retryable = "timeout", str(error), True
+            except openai.APIConnectionError as error:
+                cause = error.__cause__
+                # Nothing reached the server (refused, DNS, TLS handshake): after the retries
+                # this is the server or the URL, not this request.
+                if attempt == self.max_retries and _is_connect_error(cause):
+                    raise RequestError(f"{url}: cannot reach the server: {cause}") from error
+                reason, detail, retryable = "connection", f"{error}: {cause}", True
+            except MalformedResponse as error:
+                reason, detail, retryable = "malformed response", str(error), True
+            if not retryable or attempt == self.max_retries:
+                return {"error": {"reason": reason, "message": detail}}
             self.sleep_fn(
                 min(retry_after if retry_after is not None else delay, self.max_backoff_seconds)
             )
@@ -168,11 +232,19 @@ class OpenAIClient:
         raise AssertionError("unreachable")
 
 
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+def _is_connect_error(error: BaseException | None) -> bool:
+    """Whether an `openai.APIConnectionError` failed before any byte reached the server."""
+    return type(error).__name__ in ("ConnectError", "ConnectTimeout", "UnsupportedProtocol")
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds from `retry-after-ms` or `retry-after` (numbers only), else None."""
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            return float(headers[name]) * scale
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def choice_texts(response: dict[str, Any]) -> list[str]:

@@ -6,6 +6,7 @@ three backends: `OpenAIJudge` (an LLM with the Table II criteria in the prompt a
 `FinanceBenchJudge` (evidence passages as deterministic labels, section VI). No jax.
 """
 
+import collections
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -69,13 +70,35 @@ def parse_grade(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def unusable_reason(text: str) -> str:
+    """Why `parse_grade` found no grade: "empty reply", "off-scale grade" (a lone number
+    outside 1-4) or "unparseable reply"."""
+    if not (text or "").strip():
+        return "empty reply"
+    if _OFF_SCALE_RE.match(text):
+        return "off-scale grade"
+    return "unparseable reply"
+
+
+_OFF_SCALE_RE = re.compile(
+    r"^\s*(?:\**\s*(?:score|grade|relevance)\s*[:=]?\s*)?\**\s*-?\d+(?:\.\d+)?\s*\**\.?\s*$",
+    re.IGNORECASE,
+)
+
+
 class OpenAIJudge:
-    """An LLM judge on an OpenAI-compatible chat server (temperature 0, a few tokens)."""
+    """An LLM judge on an OpenAI-compatible chat server (temperature 0, a few tokens).
+
+    Attributes:
+      unusable: reason -> pairs graded None ("request failed: HTTP 400", "empty reply",
+        "off-scale grade", "unparseable reply").
+    """
 
     def __init__(self, client: client_lib.OpenAIClient, *, max_tokens: int, max_passage_chars: int):
         self.client = client
         self.max_tokens = max_tokens
         self.max_passage_chars = max_passage_chars
+        self.unusable: collections.Counter[str] = collections.Counter()
 
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
@@ -96,10 +119,15 @@ class OpenAIJudge:
             )
             for query, chunk in zip(queries, chunks, strict=True)
         ]
-        return [
-            parse_grade((client_lib.choice_texts(response) or [""])[0])
-            for response in self.client.map(calls)
-        ]
+        grades = []
+        for response in self.client.map(calls):
+            failed = client_lib.failure_reason(response)
+            text = (client_lib.choice_texts(response) or [""])[0]
+            grade = None if failed else parse_grade(text)
+            if grade is None:
+                self.unusable[f"request failed: {failed}" if failed else unusable_reason(text)] += 1
+            grades.append(grade)
+        return grades
 
 
 # ------------------------------------------------------------------------------ embedding judge

@@ -19,7 +19,10 @@ class FakeServer(http.server.ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler)
         self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
-        self.failures: list[int] = []  # statuses to answer the next requests with
+        # How to answer the next requests: a status (200: normal), (status, headers),
+        # "truncated" (a body cut short), "malformed" (200, not JSON), "no choices" (200, JSON
+        # without choices).
+        self.failures: list = []
         self.reply = lambda path, body: "1"
         self.lock = threading.Lock()
 
@@ -38,10 +41,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with server.lock:
             server.requests.append((self.path, body, dict(self.headers)))
             status = server.failures.pop(0) if server.failures else 200
-        if status != 200:
-            self.send_response(status)
+        if status in ("truncated", "malformed", "no choices"):
+            data = {
+                "truncated": b'{"id": "x", "choices": [{"text": "cut sh',
+                "malformed": b'{"id": "x", "choices": [oops',
+                "no choices": b'{"id": "x", "object": "text_completion"}',
+            }[status]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            # A truncated body promises more bytes than it sends, then the connection closes.
+            self.send_header("Content-Length", str(len(data) + 50 * (status == "truncated")))
             self.end_headers()
-            self.wfile.write(b'{"error": "try later"}')
+            self.wfile.write(data)
+            self.close_connection = True
+            return
+        headers = {}
+        if isinstance(status, tuple):
+            status, headers = status
+        if status != 200:
+            data = b'{"error": {"message": "try later"}}'
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
             return
         text = server.reply(self.path, body)
         # Token log-probs: -0.1 per token when the text contains "good", else -2.0.
@@ -108,20 +133,20 @@ def test_retries_with_backoff_then_success_and_api_key(server, tmp_path, monkeyp
     assert sleeps == [0.5, 1.0, 2.0]  # exponential backoff
     path, body, headers = server.requests[-1]
     assert path == "/v1/chat/completions" and body["model"] == "local-model"
-    assert headers["Authorization"] == "Bearer sk-test"
+    assert {k.lower(): v for k, v in headers.items()}["authorization"] == "Bearer sk-test"
 
 
 def test_gives_up_after_retries_and_on_client_errors(server, tmp_path):
     client = make_client(server, tmp_path, retries=2)
     server.failures = [500, 500, 500]
-    with pytest.raises(client_lib.RequestError, match="HTTP 500"):
-        client.complete("x")
+    assert client_lib.failure_reason(client.complete("x")) == "HTTP 500"
     assert len(server.requests) == 3
     server.failures = [400]
-    with pytest.raises(client_lib.RequestError, match="HTTP 400"):
-        client.complete("y")
+    assert client_lib.failure_reason(client.complete("y")) == "HTTP 400"
     assert len(server.requests) == 4  # 400 is not retried
-    assert "Authorization" not in server.requests[-1][2]  # no key in the environment
+    # No key in the environment: the placeholder, never another variable's value.
+    headers = {k.lower(): v for k, v in server.requests[-1][2].items()}
+    assert headers["authorization"] == f"Bearer {client_lib.NO_KEY}"
 
 
 def test_cache_prevents_a_second_call(server, tmp_path):
@@ -172,12 +197,20 @@ def test_inpars_generation_selects_by_mean_logprob(server, tmp_path):
 
 
 def test_openai_judge_prompt_and_strict_parsing(server, tmp_path):
-    replies = iter(["4", "Score: 2", "3 or 4", "five"])
+    replies = iter(["4", "Score: 2", "3 or 4", "five", "5", " "])
     server.reply = lambda path, body: next(replies)
-    grades = judge.OpenAIJudge(
+    llm_judge = judge.OpenAIJudge(
         make_client(server, tmp_path), max_tokens=4, max_passage_chars=100
-    ).grade(["q1", "q2", "q3", "q4"], [{"text": f"passage {i}"} for i in range(4)])
-    assert grades == [4, 2, None, None]
+    )
+    grades = llm_judge.grade(
+        ["q1", "q2", "q3", "q4", "q5", "q6"], [{"text": f"passage {i}"} for i in range(6)]
+    )
+    assert grades == [4, 2, None, None, None, None]
+    assert dict(llm_judge.unusable) == {
+        "unparseable reply": 2,
+        "off-scale grade": 1,
+        "empty reply": 1,
+    }
     prompt = server.requests[0][1]["messages"][0]["content"]
     for criteria in judge.TABLE_II.values():
         assert criteria in prompt
@@ -215,3 +248,102 @@ def test_synthetic_queries_few_shot(server, tmp_path):
     shots = [line for line in prompt.splitlines() if line.startswith("What was item")]
     assert len(shots) == 3 and len({int(s.split()[3]) // 2 for s in shots}) == 3  # 3 clusters
     assert len(server.requests) == 1
+
+
+# ------------------------------------------------- what real servers do (issue #38 review)
+
+
+def test_a_non_retryable_error_is_a_recorded_unusable_result(server, tmp_path):
+    """A 400 (an over-long prompt) is not retried, does not raise out of `map`, is counted,
+    is not cached (a rerun asks again), and the judge turns it into None with its reason."""
+    client = make_client(server, tmp_path)
+    server.failures = [200, 400, 200]
+    server.reply = lambda path, body: "4"
+    calls = [("chat", {"messages": [{"role": "user", "content": f"m{i}"}]}) for i in range(3)]
+    responses = client.map(calls)
+    assert [client_lib.failure_reason(r) for r in responses] == [None, "HTTP 400", None]
+    assert [client_lib.choice_texts(r) for r in responses] == [["4"], [], ["4"]]
+    assert len(server.requests) == 3 and dict(client.failures) == {"HTTP 400": 1}
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 2
+    again = make_client(server, tmp_path)
+    assert client_lib.failure_reason(again.map(calls)[1]) is None
+    assert len(server.requests) == 4  # only the failed request went out again
+    # The judge: None for the failed request, with its reason counted.
+    server.failures = [200, 400, 200]
+    replies = iter(["4", "2"])
+    server.reply = lambda path, body: next(replies)
+    llm_judge = judge.OpenAIJudge(
+        make_client(server, tmp_path, cache=False), max_tokens=4, max_passage_chars=100
+    )
+    grades = llm_judge.grade(["q1", "q2", "q3"], [{"text": f"p{i}"} for i in range(3)])
+    assert grades == [4, None, 2]
+    assert dict(llm_judge.unusable) == {"request failed: HTTP 400": 1}
+
+
+def test_truncated_bodies_and_malformed_json_are_retried(server, tmp_path):
+    sleeps = []
+    client = make_client(server, tmp_path, sleeps=sleeps)
+    server.failures = ["truncated", "malformed", "no choices", 200]
+    server.reply = lambda path, body: "3"
+    response = client.complete("x")
+    assert client_lib.choice_texts(response) == ["3"] and len(server.requests) == 4
+    assert sleeps == [0.5, 1.0, 2.0] and client.calls == 4
+    # Retries exhausted: an unusable result with its reason, not an exception.
+    server.failures = ["malformed"] * 4
+    response = client.complete("y")
+    assert client_lib.failure_reason(response) == "malformed response"
+    assert client.failures["malformed response"] == 1 and len(server.requests) == 8
+
+
+def test_retryable_statuses_honour_retry_after_then_give_up(server, tmp_path):
+    sleeps = []
+    client = make_client(server, tmp_path, sleeps=sleeps, retries=2)
+    server.failures = [(429, {"Retry-After": "3"}), 503, 500]
+    response = client.complete("z")
+    assert client_lib.failure_reason(response) == "HTTP 500"
+    assert sleeps == [3.0, 1.0] and len(server.requests) == 3
+
+
+def test_configuration_errors_stop_with_one_line(server, tmp_path):
+    """A wrong key, model or URL (401/403/404), a TLS mismatch or an unreachable server is not
+    a property of one request: retrying the next request would fail the same way."""
+    client = make_client(server, tmp_path)
+    server.failures = [401]
+    with pytest.raises(client_lib.RequestError, match="HTTP 401"):
+        client.complete("a")
+    assert len(server.requests) == 1
+    sleeps = []
+    tls = client_lib.OpenAIClient(
+        base_url=server.url.replace("http://", "https://"),
+        model="local-model",
+        api_key_env=None,
+        cache_dir=None,
+        max_retries=2,
+        backoff_seconds=0.5,
+        max_backoff_seconds=10.0,
+        concurrency=1,
+        timeout_seconds=10.0,
+        sleep_fn=sleeps.append,
+    )
+    with pytest.raises(client_lib.RequestError, match="cannot reach"):
+        tls.complete("b")
+    assert sleeps == [0.5, 1.0]  # retried (a server restarting), then stopped
+
+
+def test_cache_key_includes_the_server(server, tmp_path):
+    """Two servers under one model name: the second is asked, not answered from the first's
+    cache."""
+    other = FakeServer()
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        server.reply = lambda path, body: "from one"
+        other.reply = lambda path, body: "from two"
+        first = make_client(server, tmp_path)
+        assert client_lib.choice_texts(first.complete("same")) == ["from one"]
+        second = make_client(other, tmp_path)
+        assert client_lib.choice_texts(second.complete("same")) == ["from two"]
+        assert len(other.requests) == 1
+    finally:
+        other.shutdown()
+        other.server_close()
