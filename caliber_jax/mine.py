@@ -244,10 +244,17 @@ class Run:
                 max_length=self.config.student.max_length,
             )
             path = self.workdir / "judge_calibration.json"
+            made_by = {
+                "judge_model": config.model_dir,
+                "judge_num_layers": config.num_layers,
+                "positive_quantile": config.positive_quantile,
+                "negative_quantile": config.negative_quantile,
+            }
+            name = f"{config.model_dir} layers={config.num_layers}"
             if path.exists():
-                calibration = judge_lib.load_calibration(path)
+                calibration = judge_lib.load_calibration(path, expect=made_by)
             else:
-                uncalibrated = judge_lib.EmbeddingJudge(encode_fn, [0.0, 0.0, 0.0])
+                uncalibrated = judge_lib.EmbeddingJudge(encode_fn, [0.0, 0.0, 0.0], name=name)
                 calibration = mining.calibrate_embedding_judge(
                     uncalibrated,
                     calibration_queries,
@@ -256,20 +263,12 @@ class Run:
                     negative_quantile=config.negative_quantile,
                     seed=self.config.seed,
                 )
-                calibration["judge_model"] = config.model_dir
-                calibration["judge_num_layers"] = config.num_layers
-                judge_lib.save_calibration(path, calibration)
+                judge_lib.save_calibration(path, {**calibration, **made_by})
             log(f"judge: embedding, thresholds {np.round(calibration['thresholds'], 4).tolist()}")
-            self._judge = judge_lib.EmbeddingJudge(encode_fn, calibration["thresholds"])
-        elif config.backend == "financebench":
-            raise ValueError(
-                "judge backend 'financebench' labels FinanceBench questions only; "
-                "it grades evaluation, not mining (use 'embedding' or 'openai')"
-            )
+            self._judge = judge_lib.EmbeddingJudge(encode_fn, calibration["thresholds"], name=name)
         else:
             raise ValueError(
-                f"config.judge.backend={config.backend!r}: expected embedding, "
-                "openai or financebench"
+                f"config.judge.backend={config.backend!r}: expected 'embedding' or 'openai'"
             )
         return self._judge
 
@@ -338,6 +337,8 @@ class Run:
         grades = [j["grade"] for j in judged]
         histogram = {g: grades.count(g) for g in (1, 2, 3, 4, None)}
         log(f"iteration {i}: judged {len(judged)}, grades {histogram}")
+        if getattr(self.judge(queries), "unusable", None):
+            log(f"iteration {i}: ungraded pairs by reason {dict(self.judge(queries).unusable)}")
         if stop_after == "judgments":
             return None
 
@@ -509,6 +510,7 @@ class Run:
                     self.chunk_by_id,
                     self.workdir / "eval_judgments.jsonl",
                     k=config.eval.k,
+                    queries=test_queries,
                 )
                 out["heldout_judged"] = within_doc.compare(per_model["base"], per_model["exp"])
                 log(f"iteration {i}: held-out " + _line(out["heldout_judged"]))

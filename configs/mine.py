@@ -87,7 +87,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
 
     config.judge = dict(
-        backend="embedding",  # "embedding" | "openai" | "financebench"
+        backend="embedding",  # "embedding" | "openai"
         model_dir=minilm_dir(),  # embedding judge: the student's own teacher, full depth
         num_layers=None,
         batch_size=64,  # pairs per judged batch (the resume unit)

@@ -98,9 +98,9 @@ def judged_at_k(
     """MRR@k and DCG@k per (query, document) for several models, judging each top-k chunk once.
 
     Args:
-      rankings: model name -> {(query text, doc name): chunk ids best first}; every model must
-        cover the same (query, document) pairs.
-      grade_fn: [(query text, chunk id)] -> grades 1-4 (None: invalid, counted not relevant).
+      rankings: model name -> {(query key, doc name): chunk ids best first}; every model must
+        cover the same (query, document) pairs. The key is the query's id where texts repeat.
+      grade_fn: [(query key, chunk id)] -> grades 1-4 (None: invalid, counted not relevant).
       k: cutoff (the paper's 5).
 
     Returns:

@@ -1,12 +1,15 @@
 """Relevance judges grading (query, chunk) pairs on the 1-4 scale of paper 001 Table II.
 
-One interface, `grade(queries, chunks) -> [grade | None]` (None: the judge gave no valid grade),
-three backends: `OpenAIJudge` (an LLM with the Table II criteria in the prompt and strict parsing),
-`EmbeddingJudge` (a local teacher's cosine mapped to grades by calibrated, stored thresholds) and
-`FinanceBenchJudge` (evidence passages as deterministic labels, section VI). No jax.
+One interface, `grade(queries, chunks) -> [grade | None]` (None: the judge gave no valid grade)
+plus an `identity` stored with every grade, two backends: `OpenAIJudge` (an LLM with the Table II
+criteria in the prompt and strict parsing) and `EmbeddingJudge` (a local teacher's cosine mapped
+to grades by calibrated, stored thresholds). FinanceBench's evidence labels (section VI) are not a
+judge: they label FinanceBench's own questions only, never the generated queries that mining and
+the held-out evaluation grade, so `eval.within_doc` applies them directly. No jax.
 """
 
 import collections
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +24,10 @@ GRADES = (1, 2, 3, 4)
 
 
 class Judge(Protocol):
+    # Which judge this is (backend, model, settings): stored with every grade, so cached grades
+    # of another judge are never mixed in.
+    identity: str
+
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
     ) -> list[int | None]:
@@ -99,6 +106,11 @@ class OpenAIJudge:
         self.max_tokens = max_tokens
         self.max_passage_chars = max_passage_chars
         self.unusable: collections.Counter[str] = collections.Counter()
+        prompt = hashlib.sha256(judge_prompt("{query}", "{passage}").encode()).hexdigest()[:12]
+        self.identity = (
+            f"openai {client.base_url} {client.model} max_tokens={max_tokens} "
+            f"max_passage_chars={max_passage_chars} prompt={prompt}"
+        )
 
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
@@ -182,10 +194,21 @@ def save_calibration(path: str | Path, calibration: Mapping[str, Any]) -> None:
     Path(path).write_text(json.dumps(dict(calibration), indent=2) + "\n", encoding="utf-8")
 
 
-def load_calibration(path: str | Path) -> dict[str, Any]:
+def load_calibration(path: str | Path, *, expect: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored calibration, refused (one line) unless it records the judge of `expect`
+    (e.g. judge_model, judge_num_layers and the quantiles): thresholds calibrated for one judge
+    mean nothing for another."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if len(data.get("thresholds", [])) != 3:
         raise ValueError(f"{path}: field thresholds must list 3 cosines (t2, t3, t4)")
+    differ = [key for key, value in expect.items() if data.get(key) != value]
+    if differ:
+        stored = ", ".join(f"{key}={data.get(key)!r}" for key in differ)
+        wanted = ", ".join(f"{key}={expect[key]!r}" for key in differ)
+        raise ValueError(
+            f"{path}: calibrated for {stored}, but the config's judge has {wanted}; "
+            "use a new workdir (its judgments came from the old judge) or delete the file"
+        )
     return data
 
 
@@ -197,11 +220,18 @@ class EmbeddingJudge:
         encode_fn: Callable[[list[str]], np.ndarray],
         thresholds: Sequence[float],
         *,
+        name: str,
         query_instruction: str | None = None,
     ):
+        """`name` says which encoder `encode_fn` runs (model directory, layers): with the
+        thresholds and the instruction it is the judge's `identity`."""
         self.encode_fn = encode_fn
         self.thresholds = list(thresholds)
         self.query_instruction = query_instruction
+        self.identity = (
+            f"embedding {name} thresholds={[round(float(t), 6) for t in self.thresholds]} "
+            f"instruction={query_instruction!r}"
+        )
         # text -> vector: a chunk judged for many queries is encoded once.
         self._vectors: dict[str, np.ndarray] = {}
 
@@ -230,22 +260,3 @@ class EmbeddingJudge:
 
 def _with_instruction(query: str, instruction: str | None) -> str:
     return query if not instruction else f"Instruct: {instruction}\nQuery:{query}"
-
-
-# ---------------------------------------------------------------------------- FinanceBench judge
-
-
-class FinanceBenchJudge:
-    """Deterministic labels: grade 4 for a chunk its query's evidence marks relevant, else 1."""
-
-    def __init__(self, relevant: Mapping[str, set[str]]):
-        """`relevant`: query text -> ids of the chunks its evidence passages cover."""
-        self.relevant = relevant
-
-    def grade(
-        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
-    ) -> list[int | None]:
-        return [
-            4 if chunk["id"] in self.relevant.get(query, ()) else 1
-            for query, chunk in zip(queries, chunks, strict=True)
-        ]

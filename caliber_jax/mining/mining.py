@@ -167,13 +167,15 @@ def judge_candidates(
 ) -> list[dict[str, Any]]:
     """Step 3: grades every candidate, `batch_size` at a time, resumable after a kill.
 
-    Returns the candidates with "grade" added, as saved in `path`.
+    Returns the candidates with "grade" and "judge" (`judge.identity`) added, as saved in
+    `path`. A file (finished or partial) of another judge is refused: one stage, one judge.
     """
     if path.exists():
-        return corpus.load_jsonl(path)
+        return _check_judge(corpus.load_jsonl(path), judge, path)
     partial = path.with_name(path.stem + ".partial.jsonl")
     done = _complete_lines(partial)
     if done:
+        _check_judge(corpus.load_jsonl(partial), judge, partial)
         log_fn(f"judge: resuming {path.name} at {done}/{len(candidates)}")
     with open(partial, "a", encoding="utf-8") as handle:
         for start in range(done, len(candidates), batch_size):
@@ -183,13 +185,26 @@ def judge_candidates(
             )
             handle.write(
                 "".join(
-                    json.dumps({**c, "grade": g}) + "\n" for c, g in zip(batch, grades, strict=True)
+                    json.dumps({**c, "grade": g, "judge": judge.identity}) + "\n"
+                    for c, g in zip(batch, grades, strict=True)
                 )
             )
             handle.flush()
             os.fsync(handle.fileno())
     os.replace(partial, path)
     return corpus.load_jsonl(path)
+
+
+def _check_judge(
+    records: list[dict[str, Any]], judge: judge_lib.Judge, path: Path
+) -> list[dict[str, Any]]:
+    other = [r.get("judge") for r in records if r.get("judge") != judge.identity]
+    if other:
+        raise ValueError(
+            f"{path}: graded by judge {other[0]!r}, but this run's judge is {judge.identity!r}; "
+            "use a new workdir or delete the file"
+        )
+    return records
 
 
 def calibrate_embedding_judge(
@@ -272,7 +287,8 @@ def eval_rankings(
 
     D_test(q, K) is the union over models of the documents of each model's top-K test chunks
     (at most `max_docs`, by best rank over the models); each model then ranks every chunk of
-    each such document. Returns {model: {(query text, doc): chunk ids best first}}.
+    each such document. Returns {model: {(query id, doc): chunk ids best first}}: keyed by id,
+    so queries sharing a text (a repeated template question) stay separate pairs.
     """
     models = list(query_vecs)
     ids = [chunk["id"] for chunk in chunks]
@@ -293,7 +309,7 @@ def eval_rankings(
             for doc in docs:
                 rows = np.asarray(rows_by_doc[doc])
                 order = rows[np.argsort(-scores[model][rows], kind="stable")]
-                rankings[model][(query["text"], doc)] = [ids[row] for row in order]
+                rankings[model][(query["id"], doc)] = [ids[row] for row in order]
     return rankings
 
 
@@ -304,21 +320,31 @@ def judged_eval(
     cache_path: Path,
     *,
     k: int,
+    queries: Sequence[Mapping[str, Any]],
 ) -> dict[str, dict[str, list[float]]]:
-    """Step 6a: judges each model's top k (grades cached in `cache_path` across iterations)
-    and returns per-(query, document) MRR@k / DCG@k per model."""
-    cache: dict[tuple[str, str], int | None] = {}
-    if cache_path.exists():
-        cache = {(r["query"], r["chunk_id"]): r["grade"] for r in corpus.load_jsonl(cache_path)}
+    """Step 6a: judges each model's top k and returns per-(query, document) MRR@k / DCG@k per
+    model, in the order of `rankings` (keyed by query id, see `eval_rankings`; `queries` gives
+    their texts). Grades are cached in `cache_path` across iterations under (judge identity,
+    query text, chunk): a grade depends on those alone, and another judge's grades stay in the
+    file but are never used for this one."""
+    text_of = {query["id"]: query["text"] for query in queries}
+    records = corpus.load_jsonl(cache_path) if cache_path.exists() else []
+    # Records of other judges are kept (switching back reuses them), not read.
+    cache: dict[tuple[str, str], int | None] = {
+        (r["query"], r["chunk_id"]): r["grade"] for r in records if r.get("judge") == judge.identity
+    }
 
-    def grade_fn(pairs: list[tuple[str, str]]) -> list[int | None]:
-        missing = [pair for pair in pairs if pair not in cache]
+    def grade_fn(id_pairs: list[tuple[str, str]]) -> list[int | None]:
+        pairs = [(text_of[query_id], chunk_id) for query_id, chunk_id in id_pairs]
+        missing = list(dict.fromkeys(pair for pair in pairs if pair not in cache))
         if missing:
             grades = judge.grade([q for q, _ in missing], [chunk_by_id[c] for _, c in missing])
             cache.update(zip(missing, grades, strict=True))
-            corpus.save_jsonl(
-                cache_path, ({"query": q, "chunk_id": c, "grade": g} for (q, c), g in cache.items())
+            records.extend(
+                {"judge": judge.identity, "query": q, "chunk_id": c, "grade": g}
+                for (q, c), g in zip(missing, grades, strict=True)
             )
+            corpus.save_jsonl(cache_path, records)
         return [cache[pair] for pair in pairs]
 
     per_model, _ = within_doc.judged_at_k(rankings, grade_fn, k=k)

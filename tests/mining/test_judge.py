@@ -1,4 +1,4 @@
-"""Judges: strict grade parsing, the calibrated embedding judge, FinanceBench labels."""
+"""Judges: strict grade parsing, the calibrated embedding judge and its stored calibration."""
 
 import numpy as np
 import pytest
@@ -42,7 +42,7 @@ def test_grades_from_cosine_and_calibration(tmp_path):
     np.testing.assert_allclose(calibration["thresholds"], [0.38, 0.54, 0.7])
     path = tmp_path / "calibration.json"
     judge.save_calibration(path, calibration)
-    assert judge.load_calibration(path)["thresholds"] == calibration["thresholds"]
+    assert judge.load_calibration(path, expect={})["thresholds"] == calibration["thresholds"]
     # Overlapping distributions collapse t2 = t3 = t4 to the midpoint.
     collapsed = judge.calibrate_thresholds(
         np.array([0.3]), np.array([0.5]), positive_quantile=0.5, negative_quantile=0.5
@@ -63,7 +63,7 @@ def test_embedding_judge_grades_cosine_and_calibrates():
         calls.append(list(texts))
         return _encode(texts)
 
-    emb = judge.EmbeddingJudge(encode, [0.5, 0.8, 0.95])
+    emb = judge.EmbeddingJudge(encode, [0.5, 0.8, 0.95], name="toy")
     # Query "abcd" (0.4 rad); chunks at 0.4, 0.9, 1.4 and 2.4 rad: cos 1, .878, .540, -.416.
     chunks = [{"text": "x" * n} for n in (4, 9, 14, 24)]
     assert emb.grade(["abcd"] * 4, chunks) == [4, 3, 2, 1]
@@ -75,7 +75,7 @@ def test_embedding_judge_grades_cosine_and_calibrates():
         {"id": "B:0", "doc_name": "B", "text": "y" * 30},
     ]
     calibration = mining.calibrate_embedding_judge(
-        judge.EmbeddingJudge(_encode, [0, 0, 0]),
+        judge.EmbeddingJudge(_encode, [0, 0, 0], name="toy"),
         queries,
         pool,
         positive_quantile=0.5,
@@ -86,6 +86,21 @@ def test_embedding_judge_grades_cosine_and_calibrates():
     assert calibration["negative_mean"] == pytest.approx(np.cos(2.6), abs=1e-6)
 
 
-def test_financebench_judge():
-    fb = judge.FinanceBenchJudge({"q": {"D:3"}})
-    assert fb.grade(["q", "q", "other"], [{"id": "D:3"}, {"id": "D:4"}, {"id": "D:3"}]) == [4, 1, 1]
+def test_calibration_of_another_judge_is_refused(tmp_path):
+    """judge_calibration.json records the judge it calibrated; another judge refuses it."""
+    path = tmp_path / "judge_calibration.json"
+    made_by = {
+        "judge_model": "/models/a",
+        "judge_num_layers": None,
+        "positive_quantile": 0.5,
+        "negative_quantile": 0.95,
+    }
+    judge.save_calibration(path, {"thresholds": [0.1, 0.2, 0.3], **made_by})
+    assert judge.load_calibration(path, expect=made_by)["thresholds"] == [0.1, 0.2, 0.3]
+    with pytest.raises(ValueError, match="judge_num_layers=None.*judge_num_layers=6"):
+        judge.load_calibration(path, expect={**made_by, "judge_num_layers": 6})
+    with pytest.raises(ValueError, match="judge_model='/models/a'.*judge_model='/models/b'"):
+        judge.load_calibration(path, expect={**made_by, "judge_model": "/models/b"})
+    judge.save_calibration(path, {"thresholds": [0.1, 0.2, 0.3]})  # a file of unknown origin
+    with pytest.raises(ValueError, match="judge_model=None"):
+        judge.load_calibration(path, expect=made_by)

@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class CountingJudge:
+    identity = "counting"
+
     def __init__(self):
         self.graded = []
 
