@@ -8,6 +8,7 @@ Writes `<data.dir>/teacher_<split>/{x,px}` TensorStore arrays with metadata. Res
 job continues with the chunks it had not finished. Multi-host: each process writes its own rows.
 """
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,7 +116,15 @@ def import_split(
             dim=dim,
             chunk_rows=config.teacher.chunk_rows,
             metadata=metadata,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
         )
+        if jax.process_count() > 1:
+            first, last = teacher.process_rows(
+                len(rows), config.teacher.chunk_rows, jax.process_index(), jax.process_count()
+            )
+            print(f"[caliber_jax] process {jax.process_index()}/{jax.process_count()}: rows "
+                  f"[{first}, {last}) of {out / name}", file=sys.stderr)  # fmt: skip
         written.append(out / name)
     return written
 

@@ -195,30 +195,41 @@ def start_w_out(
         )
     if model.w_out_init == "xavier" or not embedding.has_new_w_out(model.init_dir, spec):
         return flat
-    path = workdir / w_out_init.FILE
-    if path.exists():
-        return {**flat, **w_out_init.load(path)}
-    rows = np.arange(min(len(source), model.w_out_fit_rows))
-    texts, _ = source.read_texts(rows)
-    targets, _ = source.read_teacher(rows)
-    student = Embedder.from_pretrained(
-        model.init_dir,
-        pooling=model.pooling,
-        num_layers=model.num_layers,
-        tokenizer_dir=model.tokenizer_dir or None,
-        dtype=model.dtype,
-    )  # no out_dim: unit pooled vectors, what W_out sees up to scale
-    tensors, report = w_out_init.fit(
-        lambda batch: student.encode(
-            batch, batch_size=config.batch_size, max_length=config.data.max_length
-        ),
-        texts,
-        targets,
-        ridge=model.w_out_ridge,
+
+    def fit_fn():
+        rows = np.arange(min(len(source), model.w_out_fit_rows))
+        texts, _ = source.read_texts(rows)
+        targets, _ = source.read_teacher(rows)
+        student = Embedder.from_pretrained(
+            model.init_dir,
+            pooling=model.pooling,
+            num_layers=model.num_layers,
+            tokenizer_dir=model.tokenizer_dir or None,
+            dtype=model.dtype,
+        )  # no out_dim: unit pooled vectors, what W_out sees up to scale
+        return w_out_init.fit(
+            lambda batch: student.encode(
+                batch, batch_size=config.batch_size, max_length=config.data.max_length
+            ),
+            texts,
+            targets,
+            ridge=model.w_out_ridge,
+        )
+
+    def barrier():
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("w_out_init")
+
+    # Process 0 fits (or finds a resumed run's file); the others wait for the file and read it.
+    tensors, report = w_out_init.fit_once(
+        workdir / w_out_init.FILE, fit_fn, process_index=jax.process_index(), barrier=barrier
     )
-    if jax.process_index() == 0:
-        w_out_init.save(path, tensors, report)
-    print(f"[caliber_jax] W_out fitted by least squares: {json.dumps(report)}", file=sys.stderr)
+    if report is not None:
+        print(f"[caliber_jax] W_out fitted by least squares: {json.dumps(report)}", file=sys.stderr)
+    if jax.process_count() > 1:
+        where = f"process {jax.process_index()}/{jax.process_count()}"
+        print(f"[caliber_jax] {where}: W_out starts from {w_out_init.FILE} "
+              f"({w_out_init.digest(tensors)})", file=sys.stderr)  # fmt: skip
     return {**flat, **tensors}
 
 

@@ -7,8 +7,10 @@ by ridge regression from the student's unit pooled vectors of training passages 
 teacher vectors, with zero bias; training then starts from the best linear map instead.
 """
 
+import hashlib
 import json
 import struct
+from collections.abc import Callable
 
 import numpy as np
 from etils import epath
@@ -110,3 +112,41 @@ def read_report(path: epath.PathLike) -> dict[str, float]:
     (size,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + size])
     return json.loads(header.get("__metadata__", {}).get("report", "{}"))
+
+
+def fit_once(
+    path: epath.PathLike,
+    fit_fn: Callable[[], tuple[dict[str, np.ndarray], dict[str, float]]],
+    *,
+    process_index: int,
+    barrier: Callable[[], None],
+) -> tuple[dict[str, np.ndarray], dict[str, float] | None]:
+    """The W_out kept at `path`, fitted once for all processes; returns (tensors, report).
+
+    Process 0 calls `fit_fn() -> (tensors, report)` and saves the result, unless `path` already
+    exists (a resumed run); every process then waits at `barrier` and reads the file, so all
+    start from the same bytes. The report is None where this process did not fit.
+
+    Args:
+      path: the workdir's `FILE`, on a filesystem every process sees.
+      fit_fn: runs `fit` (only called on process 0).
+      process_index: this process.
+      barrier: returns once every process has called it (a no-op for one process). Called
+        unconditionally, so processes that disagree on whether `path` exists still meet there.
+    """
+    path = epath.Path(path)
+    report = None
+    if process_index == 0 and not path.exists():
+        tensors, report = fit_fn()
+        save(path, tensors, report)
+    barrier()
+    return load(path), report
+
+
+def digest(tensors: dict[str, np.ndarray]) -> str:
+    """A short SHA-256 of W_out's values (to check that processes start from the same one)."""
+    hasher = hashlib.sha256()
+    for name in sorted(tensors):
+        hasher.update(name.encode())
+        hasher.update(np.ascontiguousarray(tensors[name]).tobytes())
+    return hasher.hexdigest()[:16]

@@ -75,3 +75,44 @@ def test_save_load_round_trip_keeps_the_report(tmp_path):
         np.testing.assert_array_equal(loaded[name], value)
     assert w_out_init.read_report(path) == report
     assert [p.name for p in path.parent.iterdir()] == [w_out_init.FILE]  # no temp file left
+
+
+def test_fit_once_fits_on_process_0_only_and_every_process_reads_its_file(tmp_path):
+    """Two processes as threads meeting at a barrier: one fit, both get the saved bytes, and a
+    process that gets there first waits for the file (it would fail to read it otherwise)."""
+    import threading
+    import time
+
+    path = tmp_path / w_out_init.FILE
+    calls = []
+    meeting = threading.Barrier(2, timeout=30)
+    tensors = {"dense.kernel": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "dense.bias": np.zeros(3, np.float32)}  # fmt: skip
+
+    def fit_fn():
+        calls.append(threading.get_ident())
+        time.sleep(0.3)  # process 1 reaches the barrier long before the file exists
+        return tensors, {"rows": 2}
+
+    results = {}
+
+    def process(index):
+        results[index] = w_out_init.fit_once(path, fit_fn, process_index=index,
+                                             barrier=meeting.wait)  # fmt: skip
+
+    threads = [threading.Thread(target=process, args=(i,)) for i in (1, 0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1
+    assert results[0][1] == {"rows": 2} and results[1][1] is None
+    for index in (0, 1):
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(results[index][0][name], value)
+    assert w_out_init.digest(results[0][0]) == w_out_init.digest(results[1][0])
+    # Resumed: the file is there, nobody fits, everybody still meets at the barrier.
+    again = w_out_init.fit_once(path, lambda: pytest.fail("refitted"), process_index=0,
+                                barrier=lambda: calls.append("barrier"))  # fmt: skip
+    assert again[1] is None and calls[-1] == "barrier"
+    assert w_out_init.digest(again[0]) == w_out_init.digest(tensors)

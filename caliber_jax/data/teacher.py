@@ -345,11 +345,14 @@ def import_npy(
     chunk_rows: int,
     dtype: str = "float32",
     metadata: dict[str, Any],
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> TeacherStore:
     """Stores vectors computed elsewhere (e.g. an API teacher) as a checked teacher store.
 
     Rows are L2-normalised (and MRL-truncated when `dim` is given); rows of empty texts are
-    written as zeros whatever the file holds.
+    written as zeros whatever the file holds. Every process calls this with the same arguments;
+    each writes (and checks) only its own rows, as `embed_to_store` does.
 
     Args:
       path: store directory.
@@ -360,6 +363,8 @@ def import_npy(
       dtype: stored dtype.
       metadata: `teacher`, `pooling` and optional extra keys; `native_dim` defaults to D and
         `text_hash` is computed here.
+      process_index: this process, in [0, process_count).
+      process_count: number of processes sharing the job.
 
     Returns:
       The store.
@@ -380,7 +385,7 @@ def import_npy(
     dim = native_dim if dim is None else dim
     store = _create_for_texts(path, texts, dim=dim, dtype=dtype, chunk_rows=chunk_rows,
                               metadata={**metadata, "native_dim": native_dim})  # fmt: skip
-    for start, stop in pending_ranges(path):
+    for start, stop in pending_ranges(path, process_index, process_count):
         for chunk_start in range(start, stop, chunk_rows):
             chunk_stop = min(chunk_start + chunk_rows, stop)
             block = np.asarray(vectors[chunk_start:chunk_stop], dtype=np.float32)

@@ -309,6 +309,26 @@ def test_import_npy(tmp_path):
         )  # fmt: skip
 
 
+def test_import_npy_writes_only_this_process_rows(tmp_path):
+    """2 processes: 10 rows in chunks of 3 -> process 0 owns rows [0, 6), process 1 rows [6, 10);
+    each import writes only its own, and the two together equal a 1-process import."""
+    rng = np.random.default_rng(0)
+    texts = [f"t{i}" for i in range(10)]
+    np.save(tmp_path / "v.npy", rng.standard_normal((10, 4)).astype(np.float32))
+    common = dict(vectors_npy=tmp_path / "v.npy", texts=texts, dim=3, chunk_rows=3,
+                  metadata={"teacher": "api-teacher", "pooling": "api"})  # fmt: skip
+    teacher.import_npy(tmp_path / "two", **common, process_index=1, process_count=2)
+    assert teacher.pending_ranges(tmp_path / "two") == [(0, 6)]  # process 0's rows untouched
+    assert teacher.pending_ranges(tmp_path / "two", 1, 2) == []
+    teacher.import_npy(tmp_path / "two", **common, process_index=0, process_count=2)
+    teacher.import_npy(tmp_path / "one", **common)
+    rows = np.arange(10)
+    two = teacher.open_reader(tmp_path / "two", expect_rows=10, expect_dim=3)[rows]
+    one = teacher.open_reader(tmp_path / "one", expect_rows=10, expect_dim=3)[rows]
+    np.testing.assert_array_equal(two, one)
+    assert np.all(np.linalg.norm(one, axis=1) > 0.99)
+
+
 def test_url_paths_reach_tensorstore_and_epath(tmp_path, monkeypatch):
     """A file:// URL store lands at its absolute path; gs:// URLs become kvstore URLs."""
     monkeypatch.chdir(tmp_path)
