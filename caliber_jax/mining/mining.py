@@ -246,20 +246,21 @@ def mine_triples(
     max_per_group: int,
     seed: int,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Step 4: same-document triples (> 3 vs < 3), hard plus already-correct, minus those of
-    earlier iterations (`seen`, updated); split by the document's split ("train" / "val")."""
-    extracted = triples.extract_triples(judged)
+    """Step 4: same-document triples (> 3 vs < 3) minus those of earlier iterations (`seen`),
+    then hard plus already-correct ones per (query, document); split by the document's split
+    ("train" / "val"). `seen` gains the kept triples."""
+    fresh = triples.deduplicate(triples.extract_triples(judged), seen)
     kept = triples.select_triples(
-        extracted,
+        fresh,
         margin=margin,
         distance=distance,
         correct_ratio=correct_ratio,
         max_per_group=max_per_group,
         seed=seed,
     )
-    fresh = triples.deduplicate(kept, seen)
+    seen.update(triples.triple_key(t) for t in kept)
     out: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}
-    for triple in fresh:
+    for triple in kept:
         out[split_of_doc[triple["doc_name"]]].append(triple)
     return out
 

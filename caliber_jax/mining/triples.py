@@ -2,8 +2,8 @@
 
 A triple (q, c_rel, c_irrel) pairs two chunks of the *same document* judged for the same query,
 c_rel with grade > 3 and c_irrel with grade < 3. Triples the student already orders with the
-margin ("already correct") are kept in a set ratio against catastrophic forgetting; repeats of
-earlier iterations' triples are dropped. No jax.
+margin ("already correct") are kept in a set ratio per (query, document) against catastrophic
+forgetting; repeats of earlier iterations' triples are dropped before the ratio is set. No jax.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -75,12 +75,14 @@ def select_triples(
     max_per_group: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """Keeps every hard triple and `correct_ratio` already-correct ones per hard one.
+    """Per (query, document): the hard triples and `correct_ratio` already-correct ones per hard
+    one, drawn from the same group.
 
-    Each triple gets `"correct"`. Per (query, document) at most `max_per_group` hard triples are
-    kept (a seeded sample), so one query with many judged chunks cannot dominate. Already-correct
-    triples are sampled (seeded) up to `round(correct_ratio * hard)`, at least 1 when any exist.
-    Output keeps the input order.
+    Each triple gets `"correct"`. Per group at most `max_per_group` hard triples are kept (a
+    seeded sample), so one query with many judged chunks cannot dominate, then
+    `floor(correct_ratio * kept hard + 1/2)` already-correct triples of that group (all of them
+    if it has fewer; none at ratio 0). Pass deduplicated triples (`deduplicate`), so the ratio
+    holds for what is kept. Output keeps the input order.
     """
     rng = np.random.default_rng(seed)
     flagged = [
@@ -89,21 +91,18 @@ def select_triples(
         )
         for t in triples
     ]
-    hard_by_group: dict[tuple[str, str], list[int]] = {}
-    correct_rows = []
+    groups: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
     for row, triple in enumerate(flagged):
-        if triple["correct"]:
-            correct_rows.append(row)
-        else:
-            hard_by_group.setdefault((triple["query_id"], triple["doc_name"]), []).append(row)
+        hard, correct = groups.setdefault((triple["query_id"], triple["doc_name"]), ([], []))
+        (correct if triple["correct"] else hard).append(row)
     keep = set()
-    for rows in hard_by_group.values():
-        if len(rows) > max_per_group:
-            rows = rng.choice(rows, max_per_group, replace=False).tolist()
-        keep.update(rows)
-    num_correct = min(len(correct_rows), max(1, round(correct_ratio * len(keep))))
-    if correct_rows:
-        keep.update(rng.choice(correct_rows, num_correct, replace=False).tolist())
+    for hard, correct in groups.values():
+        if len(hard) > max_per_group:
+            hard = rng.choice(hard, max_per_group, replace=False).tolist()
+        keep.update(hard)
+        num_correct = min(len(correct), int(np.floor(correct_ratio * len(hard) + 0.5)))
+        if num_correct:
+            keep.update(rng.choice(correct, num_correct, replace=False).tolist())
     return [flagged[row] for row in sorted(keep)]
 
 
@@ -115,11 +114,12 @@ def triple_key(triple: Mapping[str, Any]) -> tuple[str, str, str]:
 def deduplicate(
     triples: Iterable[Mapping[str, Any]], seen: set[tuple[str, str, str]]
 ) -> list[dict[str, Any]]:
-    """Drops triples whose key is in `seen` or repeats within `triples`; updates `seen`."""
-    out = []
+    """Drops triples whose key is in `seen` or repeats within `triples` (`seen` is not
+    changed)."""
+    out, keys = [], set(seen)
     for triple in triples:
         key = triple_key(triple)
-        if key not in seen:
-            seen.add(key)
+        if key not in keys:
+            keys.add(key)
             out.append(dict(triple))
     return out

@@ -73,7 +73,7 @@ def test_correctness_selection_and_dedup():
     seen = {("q", "p0", "n")}
     fresh = triples.deduplicate(kept + kept, seen)
     assert len(fresh) == len({triples.triple_key(t) for t in kept} - {("q", "p0", "n")})
-    assert ("q", "c0", "n") in seen or all(t["pos_id"] != "c0" for t in kept)
+    assert seen == {("q", "p0", "n")}  # `mine_triples` adds what it keeps
 
 
 def test_mine_triples_splits_by_document():
@@ -95,3 +95,72 @@ def test_mine_triples_splits_by_document():
     )
     assert [t["pos_id"] for t in out["train"]] == ["a1"]
     assert [t["pos_id"] for t in out["val"]] == ["b1"]
+
+
+def _triple(query_id, doc, pos, neg, *, correct):
+    """A triple the student already orders (cos .9 vs .1) or does not (.5 vs .6)."""
+    return {
+        "query_id": query_id,
+        "query": f"text of {query_id}",
+        "doc_name": doc,
+        "pos_id": pos,
+        "neg_id": neg,
+        "pos_score": 0.9 if correct else 0.5,
+        "neg_score": 0.1 if correct else 0.6,
+    }
+
+
+def _select(rows, ratio):
+    return triples.select_triples(
+        rows, margin=0.1, distance="cosine", correct_ratio=ratio, max_per_group=10, seed=0
+    )
+
+
+def test_correct_ratio_zero_keeps_no_correct_triple():
+    rows = [_triple("q", "A", f"h{i}", "n", correct=False) for i in range(2)]
+    rows += [_triple("q", "A", f"c{i}", "n", correct=True) for i in range(3)]
+    assert [t["pos_id"] for t in _select(rows, 0.0)] == ["h0", "h1"]
+
+
+def test_correct_triples_are_drawn_per_query_and_document():
+    """Group (q1, A): 2 hard, no correct one; (q2, A): only correct ones (no hard triple to
+    balance); (q1, B): 1 hard, 3 correct. Ratio 1: one correct triple, from (q1, B)."""
+    rows = [_triple("q1", "A", f"a{i}", "n", correct=False) for i in range(2)]
+    rows += [_triple("q2", "A", f"c{i}", "n", correct=True) for i in range(5)]
+    rows += [_triple("q1", "B", "b0", "n", correct=False)]
+    rows += [_triple("q1", "B", f"d{i}", "n", correct=True) for i in range(3)]
+    kept = _select(rows, 1.0)
+    assert [t["pos_id"] for t in kept if not t["correct"]] == ["a0", "a1", "b0"]
+    correct = [t for t in kept if t["correct"]]
+    assert len(correct) == 1 and correct[0]["query_id"] == "q1" and correct[0]["doc_name"] == "B"
+    # Half a correct triple per hard one rounds half up per group: (q1, A) none to draw from,
+    # (q1, B) floor(0.5 * 1 + 0.5) = 1.
+    assert sum(t["correct"] for t in _select(rows, 0.5)) == 1
+
+
+def test_deduplication_comes_before_the_ratio():
+    """An earlier iteration's hard triple is dropped first, then the ratio is set: 1 hard and
+    1 correct remain (deduplicating after the ratio left 1 hard with 2 correct)."""
+    judged = [
+        {"query_id": "q", "query": "text of q", "doc_name": "A", "chunk_id": c, "grade": g,
+         "score": s}
+        for c, g, s in [("h0", 4, 0.5), ("h1", 4, 0.5), ("c0", 4, 0.9), ("c1", 4, 0.9),
+                        ("n", 1, 0.6), ("m", 1, 0.1)]
+    ]  # fmt: skip
+    # Triples: (h0|h1) x n hard (cos .5 vs .6); (h0|h1) x m, (c0|c1) x (n|m) correct: 2 hard,
+    # 6 correct, and h0 x n was kept by an earlier iteration.
+    seen = {("text of q", "h0", "n")}
+    out = mining.mine_triples(
+        judged,
+        {"A": "train"},
+        seen,
+        margin=0.1,
+        distance="cosine",
+        correct_ratio=1.0,
+        max_per_group=10,
+        seed=0,
+    )["train"]
+    assert sum(not t["correct"] for t in out) == 1 and sum(t["correct"] for t in out) == 1
+    assert [t["pos_id"] for t in out if not t["correct"]] == ["h1"]
+    # `seen` gains what was kept, not every extracted triple.
+    assert seen == {("text of q", "h0", "n")} | {triples.triple_key(t) for t in out}
