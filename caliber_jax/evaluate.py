@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from caliber_jax import cli
+from caliber_jax import cli, provenance
 from caliber_jax.eval import (
     PER_QUERY,
     EncodeFn,
@@ -259,8 +259,10 @@ def format_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
 
     Sections appear only for tasks present in some run: retrieval (financebench, one BM25 row,
     asymmetric: student queries against teacher documents), NumGap-D/M per category, and the
-    MRL/quantization variants.
+    MRL/quantization variants. A row restored from a record says so after its label
+    (`provenance.mark`).
     """
+    runs = {f"{label}{provenance.mark(run)}": run for label, run in runs.items()}
     lines = []
     short = ("nDCG@10", "nDCG@100", "R@10", "R@100", "MRR@10", "MRR@100", "MAP@10", "MAP@100")
     retrieval_rows = [(label, run, "financebench") for label, run in runs.items()]
@@ -514,6 +516,12 @@ def _evaluate_one(values, model: str, label: str, num_layers, output, encode, in
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])
     results = run_evaluation(encode_fn, tasks, inputs)
     results.update(model=model, label=label, settings=settings)
+    # What produced these numbers: the settings (paths by name) and tasks, and the bytes of the
+    # evaluation data (scripts/ compare both before restoring a recorded copy).
+    results[provenance.KEY] = provenance.stamp(
+        config=provenance.config_hash({"settings": settings, "tasks": list(tasks)}),
+        data=provenance.data_hash([values.financebench, values.numgap, values.numfine]),
+    )
     json_path, markdown_path = save_results(results, output)
     print(Path(markdown_path).read_text())
     print(f"evaluate: wrote {json_path} and {markdown_path}")

@@ -11,6 +11,7 @@ ends. Wall time per stage lands in `times` either way.
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from caliber_jax import host  # noqa: E402  (jax-free)
+from caliber_jax import host, provenance  # noqa: E402  (jax-free)
 
 SUMMARY_LINES = 3  # the last lines of a concurrent stage's log shown when it ends
 
@@ -154,9 +155,9 @@ def _logged(
     return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")
 
 
-def config_value(common: list[str], field: str):
-    """One config field resolved the way the CLIs resolve it (config file + overrides), in this
-    process: `common` holds `--config=...` and `--config.<field>=...` arguments only."""
+def resolve_config(common: list[str]):
+    """A config resolved the way the CLIs resolve it (config file + overrides), in this process:
+    `common` holds `--config=...` and `--config.<field>=...` arguments only."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -168,7 +169,12 @@ def config_value(common: list[str], field: str):
     values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
     values(argv)
-    value = values.config
+    return values.config
+
+
+def config_value(common: list[str], field: str):
+    """One field of `resolve_config(common)`."""
+    value = resolve_config(common)
     for part in field.split("."):
         value = value[part]
     return value
@@ -176,41 +182,79 @@ def config_value(common: list[str], field: str):
 
 def record_file(path: Path, root: Path, record: Path | None) -> None:
     """Copies `path` (a file under `root`) to the same relative path under `record` (a tracked
-    directory: run folders do not outlive their machine). Atomic; no-op without a record."""
+    directory: run folders do not outlive their machine). Atomic; no-op without a record, and
+    for a result that was itself restored from a record (its provenance stays the original's)."""
     if record is None or not path.is_file():
+        return
+    if path.suffix == ".json" and provenance.is_restored(_load_json(path)):
         return
     _copy_atomic(path, record / path.relative_to(root))
 
 
-def restore_records(record: Path | None, root: Path, pattern: str = "**/*.json") -> list[str]:
-    """Copies every recorded file matching `pattern` that `root` lacks back under `root`;
-    returns their relative paths. Files already under `root` are never overwritten."""
-    if record is None or not record.is_dir():
-        return []
-    restored = []
-    for path in sorted(record.glob(pattern)):
-        target = root / path.relative_to(record)
-        if path.is_file() and not target.exists():
-            _copy_atomic(path, target)
-            restored.append(str(path.relative_to(record)))
-    return restored
-
-
-def keep_recorded(path: Path, root: Path, record: Path | None) -> bool:
-    """Makes `path` (a file under `root`, rebuilt by this run) the recorded copy when there is
-    one, else records it; True when the rebuilt file differed and was replaced. For inputs every
-    recorded result depends on, such as an evaluation set that another machine may rebuild a
-    little differently."""
-    if record is None or not path.is_file():
+def restore_result(
+    path: Path, root: Path, record: Path | None, *, config: str, data: str, who: str
+) -> bool:
+    """Copies the recorded copy of `path` (a results JSON under `root` that the run lacks) into
+    the run when its recorded config and data hashes are this run's (`provenance.check`), with
+    its provenance marked restored. Prints one line when a record is refused. True when `path`
+    is now there from the record."""
+    recorded = None if record is None else record / path.relative_to(root)
+    if path.is_file() or recorded is None or not recorded.is_file():
         return False
+    saved = _load_json(recorded)
+    refused = provenance.check(saved, config=config, data=data)
+    if refused:
+        print(f"{who}: {recorded.relative_to(record)} not restored: {refused}", flush=True)
+        return False
+    saved[provenance.KEY] = provenance.restored(saved)
+    _write_json_atomic(path, saved)
+    return True
+
+
+def stamp_result(path: Path, *, config: str, data: str) -> dict:
+    """Gives the results JSON at `path` (computed by this run) the provenance block a script
+    compares on restore: `config` (the script's hash of everything that made the row) replaces
+    the evaluator's own settings hash, which is kept as `eval_config_hash`. Returns the JSON."""
+    saved = _load_json(path)
+    block = saved.get(provenance.KEY) or provenance.stamp(config=config, data=data)
+    if block.get("restored"):
+        return saved
+    if block.get("config_hash") != config:
+        block["eval_config_hash"] = block.get("config_hash", provenance.UNKNOWN)
+    block.update(config_hash=config, data_hash=data)
+    saved[provenance.KEY] = block
+    _write_json_atomic(path, saved)
+    return saved
+
+
+def keep_recorded(path: Path, root: Path, record: Path | None) -> str | None:
+    """Records `path` (a file under `root`, rebuilt by this run, such as an evaluation set) when
+    nothing is recorded yet. The rebuilt file always stays: when it differs from the recorded
+    copy, returns the one line that says so (results scored on the recorded copy then fail the
+    data-hash check and are computed again), else None."""
+    if record is None or not path.is_file():
+        return None
     recorded = record / path.relative_to(root)
     if not recorded.is_file():
         _copy_atomic(path, recorded)
-        return False
-    if recorded.read_bytes() == path.read_bytes():
-        return False
-    _copy_atomic(recorded, path)
-    return True
+        return None
+    built, kept = provenance.data_hash([path]), provenance.data_hash([recorded])
+    if built == kept:
+        return None
+    return (f"{path.relative_to(root)} rebuilt here (data hash {built}) differs from the "
+            f"recorded {recorded} ({kept}): results scored on the recorded one are not "
+            "restored")  # fmt: skip
+
+
+def _load_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
 
 
 def _copy_atomic(source: Path, target: Path) -> None:

@@ -121,6 +121,10 @@ def main() -> None:
         help="stages run side by side (1: one after the other, streaming their output); "
         "--preset mpnet*: the students still to train, each pinned to its share of the cores",
     )  # fmt: skip
+    parser.add_argument(
+        "--recompute", action="store_true",
+        help="(--preset mpnet, mpnet-long) ignore every record: compute each result again",
+    )  # fmt: skip
     parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
     if args.preset in ("mpnet", "mpnet-long"):

@@ -14,7 +14,13 @@ what has been measured so far.
 A run folder does not outlive its machine and the study takes many CPU hours, so every finished
 evaluation (`results/<model>/<tasks>.json`) and the study state are also recorded under `--record`
 (default `docs/study_mpnet/`, tracked in git) and restored from there on the next run: a model
-whose evaluations are all recorded is not trained or evaluated again.
+whose evaluations are all recorded is not trained or evaluated again. Each record carries its
+provenance (`caliber_jax/provenance.py`: commit, config hash, data hash, machine, date); a model
+is restored only when every one of its records has this run's config hash (the resolved training
+config and the evaluation arguments, paths by name) and data hash (the bytes of FinanceBench and
+NumGap), and the run names each refused record in one line. Records older than these fields are
+restored and marked "restored, provenance unknown"; `--recompute` ignores every record. The
+tables mark each restored row, and the run ends with the rows computed now and those restored.
 """
 
 import json
@@ -29,9 +35,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
-from stages import Stage, keep_recorded, record_file, restore_records, run_stages  # noqa: E402
+from stages import (  # noqa: E402
+    Stage,
+    keep_recorded,
+    record_file,
+    resolve_config,
+    restore_result,
+    run_stages,
+    stamp_result,
+)
 
-from caliber_jax import evaluate  # noqa: E402
+from caliber_jax import evaluate, provenance  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
 from configs import study_mpnet  # noqa: E402
 
@@ -217,11 +231,18 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     record_dir = REPO / "docs" / name if args.record is None else args.record
     record = Path(record_dir).resolve() if record_dir else None
-    for name in restore_records(record, out):
-        print(f"study: {name} restored from {record}", flush=True)
+    recompute = getattr(args, "recompute", False)
     state_path = out / "study.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    times: dict[str, float] = state.get("times", {})
+    recorded_path = None if record is None else record / "study.json"
+    recorded_state = (
+        json.loads(recorded_path.read_text())
+        if recorded_path is not None and recorded_path.is_file() and not recompute
+        else {}
+    )
+    # Wall times are a record of what each stage cost where it ran, kept across machines; the
+    # results are rebuilt from the result files, restored one model at a time (`restore_model`).
+    times: dict[str, float] = state.get("times", recorded_state.get("times", {}))
     results: dict[str, dict] = state.get("results", {})
 
     def run(stage: str, argv: list[str], times: dict[str, float], *, fresh: bool = False) -> None:
@@ -236,11 +257,22 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         state_path.write_text(
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
-        # Each model trained on several seeds also as its seed mean ("LEAF lp long s0+s1").
-        models = {**results, **significance.seed_means(results)}
-        table = evaluate.format_markdown(models) + significance.paired_tables(models)
+        # Each model trained on several seeds also as its seed mean ("LEAF lp long s0+s1"),
+        # restored (marked so) when any of its seeds is.
+        means = significance.seed_means(results)
+        for name, mean in means.items():
+            head, seeds = name.rsplit(" ", 1)
+            mean[provenance.KEY] = provenance.merged(
+                {f"{head} {seed}": results[f"{head} {seed}"] for seed in seeds.split("+")}
+            )
+        models = {**results, **means}
+        paired = provenance.mark_cells(significance.paired_tables(models), models)
+        table = evaluate.format_markdown(models) + paired
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
-        report = f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n"
+        report = (
+            f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
+            f"{provenance.format_table(results)}"
+        )
         (out / "study.md").write_text(report)
         for path in (state_path, out / "study.md"):
             record_file(path, out, record)
@@ -266,8 +298,9 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     # Every recorded NumGap result was scored on the recorded records: a rebuild on another
     # machine can differ (BM25 ties were once broken in an unspecified order; docs/results.md,
     # session 18), so the recorded file wins, and results scored on others cannot mix.
-    if keep_recorded(numgap_path, out, record):
-        print(f"study: {numgap_path.name} differs from the recorded one; using the recorded one")
+    differs = keep_recorded(numgap_path, out, record)
+    if differs:
+        print(f"study: {differs}", flush=True)
     eval_common = [
         f"--financebench={args.financebench}",
         f"--numgap={numgap_path}",
@@ -275,9 +308,53 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         f"--mrl_dims={MRL_DIMS}",
     ]
     teacher_args = ["--teacher", str(mpnet_dir), "--teacher_backend=torch"]
+    data_hash = provenance.data_hash([args.financebench, numgap_path])
+    row_configs: dict[str, str] = {}  # label -> hash of what makes the model (resolved config)
+    said: set[str] = set()  # models whose refused records the run has named
+
+    def result_path(label: str, tasks: str) -> Path:
+        return out / "results" / slug(label) / f"{tasks.replace(',', '+')}.json"
+
+    def config_hash(label: str, tasks: str) -> str:
+        if label not in row_configs:
+            row_configs[label] = provenance.config_hash(row_config(label))
+        eval_args = [*eval_common, *teacher_args, tasks]
+        return provenance.config_hash({"model": row_configs[label], "eval": eval_args})
+
+    def restore_model(label: str, groups: tuple[str, ...]) -> bool:
+        """Restores every recorded result of `label` when each one's hashes are this run's
+        (else none: a model's rows all come from one run); True when all are now present."""
+        paths = [result_path(label, tasks) for tasks in groups]
+        if all(path.is_file() for path in paths):
+            return True
+        if recompute or record is None:
+            return False
+        if any(not path.is_file() and not (record / path.relative_to(out)).is_file()
+               for path in paths):  # fmt: skip
+            return False
+        refused = [
+            provenance.check(json.loads((record / path.relative_to(out)).read_text()),
+                             config=config_hash(label, tasks), data=data_hash)
+            for path, tasks in zip(paths, groups, strict=True) if not path.is_file()
+        ]  # fmt: skip
+        if any(refused):
+            if label not in said:
+                reason = next(reason for reason in refused if reason)
+                print(f"study: {label} not restored: {reason}; computing it", flush=True)
+                said.add(label)
+            return False
+        for path, tasks in zip(paths, groups, strict=True):
+            restore_result(path, out, record, config=config_hash(label, tasks), data=data_hash,
+                           who="study")  # fmt: skip
+        print(f"study: {label} restored from {record}", flush=True)
+        # What the recorded state kept beside the results (training summary, validation curve).
+        for key in ("train_summary", "validation"):
+            if key in recorded_state.get("results", {}).get(label, {}):
+                results.setdefault(label, {})[key] = recorded_state["results"][label][key]
+        return True
 
     def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
-        path = out / "results" / slug(label) / f"{tasks.replace(',', '+')}.json"
+        path = result_path(label, tasks)
         model_dir = Path(model_args[model_args.index("--model") + 1])
         again = path.is_file() and lacks_per_query(path, tasks) and model_dir.exists()
         if not path.is_file() or again:
@@ -295,19 +372,58 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
                 ],
                 times,
             )
+        loaded = stamp_result(path, config=config_hash(label, tasks), data=data_hash)
         record_file(path, out, record)
-        loaded = json.loads(path.read_text())
-        # Each file's per-query values join the model's others (financebench's, numgap's).
+        # Each file's per-query values join the model's others (financebench's, numgap's), and
+        # its provenance the others' (one block per task group).
         per_query = results.get(label, {}).get(significance.PER_QUERY, {})
         per_query = {**per_query, **loaded.pop(significance.PER_QUERY, {})}
+        blocks = {
+            **results.get(label, {}).get(provenance.KEY, {}),
+            tasks: loaded.pop(provenance.KEY),
+        }
         results.setdefault(label, {}).update(loaded)
+        results[label][provenance.KEY] = blocks
         if per_query:
             results[label][significance.PER_QUERY] = per_query
         save()
 
     init_dir = study_mpnet.get_config().model.init_dir
+    data_dirs = {"": data, "xavier": data, "trunc384": data_384, "numeric": data_nb, "long": data}
+
+    def train_argv(label: str, variant: str, lam: float | None, seed: int) -> list[str]:
+        config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
+        return [
+            "-m",
+            "caliber_jax.train",
+            config,
+            f"--config.data.dir={data_dirs[variant]}",
+            *common,
+            *([f"--config.loss.lam={lam}"] if lam is not None else []),
+            f"--config.seed={seed}",
+            f"--workdir={out / slug(label)}",
+        ]
+
+    def trained(label: str) -> bool:
+        return (out / slug(label) / "summary.json").is_file()
+
+    def row_config(label: str) -> dict:
+        """Everything that makes model `label` (paths by name), hashed into its records."""
+        if label == "Teacher":
+            return {"teacher": mpnet_dir.name, "backend": "torch"}
+        if label == initial_lp:
+            return {"start of": row_config(first_lp), "interpolate": 0}
+        for run_label, variant, lam, seed in runs:
+            if run_label == label:
+                argv = train_argv(label, variant, lam, seed)[2:-1]  # no -m module, no workdir
+                return {"train": resolve_config(argv).to_dict()}
+        initial = {f"Initial{suffix} s{seeds[0]}": dim for suffix, dim in initial_dims}
+        return {"initial": init_dir, "out_dim": initial[label], "seed": seeds[0],
+                "max_length": EVAL_MAX_LENGTH}  # fmt: skip
+
     untrained = []
-    for suffix, out_dim in () if long else (("", TEACHER_DIM), (" t384", None)):
+    initial_dims = () if long else (("", TEACHER_DIM), (" t384", None))
+    for suffix, out_dim in initial_dims:
         label = f"Initial{suffix} s{seeds[0]}"
         hf_dir = write_initial(
             out / slug(label) / "hf",
@@ -320,15 +436,22 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     # MPNet on CPU is the slow one: last in each round, after the MiniLM students.
     untrained.append(("Teacher", ["--model", str(mpnet_dir), "--backend=torch"], TASKS_TEACHER))
     # Retrieval of every untrained model first, then NumGap, then the asymmetric mode.
+    runs = students(seeds, long=long)
+    # The untrained student with the least-squares W_out (`initial_lp`): the first lp student's
+    # start, exported from its workdir with `--interpolate 0` (the fit is the same for every seed
+    # and objective).
+    first_lp = runs[0][0]
+    initial_lp = first_lp.replace("LEAF", "Initial")
+    for label, _, groups in untrained:
+        restore_model(label, groups)
     for group in range(len(TASKS_STUDENT)):
         for label, model_args, groups in untrained:
             if group < len(groups):
                 evaluate_model(label, model_args, groups[group])
 
     def finished(label: str) -> bool:
-        return (out / "results" / slug(label) / f"{TASKS_STUDENT[-1]}.json").is_file()
+        return restore_model(label, TASKS_STUDENT)
 
-    runs = students(seeds, long=long)
     pending = [item for item in runs if not finished(item[0])]
     # After the evaluations that need no teacher vectors, so a short session measures those;
     # not at all once every student is evaluated (a restored study re-encodes nothing).
@@ -347,28 +470,6 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     if "numeric" in variants:
         k = study_mpnet.get_config("numeric").prepare.neighbour_k
         derive_neighbours(data, data_nb, k=k)
-    data_dirs = {"": data, "xavier": data, "trunc384": data_384, "numeric": data_nb, "long": data}
-    # The untrained student with the least-squares W_out: the first lp student's start, exported
-    # from its workdir with `--interpolate 0` (the fit is the same for every seed and objective).
-    first_lp = runs[0][0]
-    initial_lp = first_lp.replace("LEAF", "Initial")
-
-    def train_argv(label: str, variant: str, lam: float | None, seed: int) -> list[str]:
-        config = f"--config={REPO / CONFIG}" + (f":{variant}" if variant else "")
-        return [
-            "-m",
-            "caliber_jax.train",
-            config,
-            f"--config.data.dir={data_dirs[variant]}",
-            *common,
-            *([f"--config.loss.lam={lam}"] if lam is not None else []),
-            f"--config.seed={seed}",
-            f"--workdir={out / slug(label)}",
-        ]
-
-    def trained(label: str) -> bool:
-        return (out / slug(label) / "summary.json").is_file()
-
     # Students still to train, `--jobs` at a time, each on its own share of the cores: one
     # training keeps two cores only ~1.3x busier than one (single-threaded fusions, the input
     # pipeline), so two side by side finish a pair ~1.5x sooner (docs/results.md, session 15).
@@ -418,3 +519,5 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         figures = draw()
     print((out / "study.md").read_text())
     print("figures: " + ", ".join(str(f) for f in figures))
+    for line in provenance.summary_lines(results, prefix="study"):
+        print(line, flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_jax import evaluate
+from caliber_jax import evaluate, provenance
 from caliber_jax.eval import numgap, retrieval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,8 +164,14 @@ def test_cli_bm25_writes_json_and_markdown(tmp_path):
         check=True, cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     saved = json.loads(output.read_text())
-    assert set(saved) == {"financebench", "per_query", "model", "label", "settings"}
+    assert set(saved) == {"financebench", "per_query", "model", "label", "settings", "provenance"}
     assert saved["model"] == "bm25" and saved["label"] == "bm25"
+    # Where the numbers came from: this checkout's commit, the hash of the evaluation data's
+    # bytes (the same as the scripts compute before restoring a record), a computed result.
+    block = saved["provenance"]
+    assert block["data_hash"] == provenance.data_hash([FINANCEBENCH_SAMPLE])
+    assert block["commit"] == provenance.git_commit() and block["restored"] is False
+    assert len(block["config_hash"]) == 16 and block["machine"] and block["date"].endswith("Z")
     queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH_SAMPLE)
     expected = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))
     assert saved["financebench"] == pytest.approx(expected, abs=1e-12)

@@ -1,5 +1,6 @@
 """scripts/stages.py: the study's stage runner (order, concurrency, logs, failures)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -16,9 +17,13 @@ from stages import (  # noqa: E402
     core_groups,
     keep_recorded,
     log_name,
+    record_file,
+    restore_result,
     run_stages,
     summary,
 )
+
+from caliber_jax import provenance  # noqa: E402
 
 
 def _writer(path: Path, text: str, *, sleep: float = 0.0, wait_for: Path | None = None):
@@ -141,17 +146,68 @@ def test_config_value_imports_configs_package_from_a_plain_script(tmp_path):
     assert out.stdout.strip() == "neighbour"
 
 
-def test_keep_recorded_records_once_then_puts_the_recorded_file_back(tmp_path):
+def test_keep_recorded_records_once_and_never_swaps_a_rebuild(tmp_path):
+    """A rebuilt evaluation set that differs from the recorded one stays as built, and the run
+    gets one line saying so (results scored on the recorded one then fail the data hash)."""
     root, record = tmp_path / "run", tmp_path / "record"
     path = root / "data" / "numgap_test.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text("first build\n")
-    assert keep_recorded(path, root, record) is False  # nothing recorded yet: records it
+    assert keep_recorded(path, root, record) is None  # nothing recorded yet: records it
     assert (record / "data" / "numgap_test.jsonl").read_text() == "first build\n"
-    assert keep_recorded(path, root, record) is False  # the same bytes: nothing to do
+    assert keep_recorded(path, root, record) is None  # the same bytes: nothing to do
     path.write_text("a rebuild on another machine\n")
-    assert keep_recorded(path, root, record) is True
-    assert path.read_text() == "first build\n"
-    assert not list(path.parent.glob("*.tmp"))
-    assert keep_recorded(path, root, None) is False  # no record: the file stays as built
-    assert keep_recorded(root / "missing.jsonl", root, record) is False
+    line = keep_recorded(path, root, record)
+    assert path.read_text() == "a rebuild on another machine\n"  # not swapped
+    assert (record / "data" / "numgap_test.jsonl").read_text() == "first build\n"
+    built = provenance.data_hash([path])
+    assert "\n" not in line and built in line and "not restored" in line
+    assert keep_recorded(path, root, None) is None  # no record: the file stays as built
+    assert keep_recorded(root / "missing.jsonl", root, record) is None
+
+
+def _result(path: Path, block: dict | None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = {"financebench": {"ndcg_at_10": 0.5}}
+    if block is not None:
+        value["provenance"] = block
+    path.write_text(json.dumps(value))
+
+
+def test_restore_result_only_with_this_runs_hashes_and_marks_it(tmp_path, capsys):
+    root, record = tmp_path / "run", tmp_path / "record"
+    block = provenance.stamp(config="c" * 16, data="d" * 16)
+    _result(record / "results" / "a.json", block)
+    target = root / "results" / "a.json"
+    # Another config: not restored, one line naming both hashes and the record's commit.
+    assert not restore_result(target, root, record, config="x" * 16, data="d" * 16, who="t")
+    line = capsys.readouterr().out.strip()
+    assert line == (f"t: results/a.json not restored: config hash differs (recorded {'c' * 16} "
+                    f"at commit {block['commit']}, this run {'x' * 16})")  # fmt: skip
+    assert not target.exists()
+    assert not restore_result(target, root, record, config="c" * 16, data="e" * 16, who="t")
+    assert "data hash differs" in capsys.readouterr().out
+    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    restored = json.loads(target.read_text())
+    assert restored["provenance"] == {**block, "restored": True}
+    assert provenance.mark(restored) == f" (restored @{block['commit']})"
+    # A restored copy is never recorded back over the original (whose block says computed).
+    record_file(target, root, record)
+    assert json.loads((record / "results" / "a.json").read_text())["provenance"] == block
+
+
+def test_a_record_without_provenance_is_restored_as_unknown(tmp_path):
+    root, record = tmp_path / "run", tmp_path / "record"
+    _result(record / "results" / "old.json", None)
+    target = root / "results" / "old.json"
+    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    restored = json.loads(target.read_text())
+    assert restored["provenance"]["config_hash"] == "unknown"
+    assert provenance.mark(restored) == " (restored, provenance unknown)"
+    # ...and a record whose commit is known but whose config hash is not says both.
+    _result(record / "results" / "dated.json", {"commit": "010f3d1", "config_hash": "unknown"})
+    target = root / "results" / "dated.json"
+    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    assert provenance.mark(json.loads(target.read_text())) == (
+        " (restored @010f3d1, provenance unknown)"
+    )

@@ -188,7 +188,7 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
             if "--output" in options and stage.startswith("evaluate"):
                 out = Path(options["--output"])
                 out.parent.mkdir(parents=True, exist_ok=True)
-                result = {"label": options["--label"]}
+                result = {"label": options["--label"], "financebench": {"ndcg_at_10": 0.5}}
                 tasks, values = options["--tasks"].split(","), {"q1": 0.5, "q2": 0.25}
                 if "financebench" in tasks:  # per-query nDCG@10
                     values = {"q1": 0.5, "q2": len(options["--label"]) / 100}
@@ -204,7 +204,7 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
 
 
 def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
-    minilm_dir, tmp_path, monkeypatch
+    minilm_dir, tmp_path, monkeypatch, capsys
 ):
     """Run folders do not outlive the machine: every finished evaluation is recorded, and a
     fresh output folder with the same record trains, encodes and evaluates nothing again."""
@@ -239,10 +239,25 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
     args.output = str(tmp_path / "fresh")
     study_mpnet.run_study(args, fake_stage(again))
     assert again == ["prepare"], again  # prepare is minutes; no encoding, training or evaluation
+    # Every row says it was restored, with the commit that computed it, in the tables and the
+    # provenance section, and the run's last lines say which rows were computed now.
+    commit = json.loads((record / "results/LEAF_lp_s0/numgap.json").read_text())["provenance"][
+        "commit"
+    ]
+    fresh_report = (tmp_path / "fresh" / "study.md").read_text()
+    assert f"| LEAF lp s0 (restored @{commit}) | 0.5000 |" in fresh_report  # results table
+    assert f"| Caliber lp s0 (restored @{commit}) | LEAF lp s0 (restored @{commit}) |" in (
+        fresh_report  # paired comparisons
+    )
+    assert "| LEAF lp s0 | numgap | restored |" in fresh_report
+    out = capsys.readouterr().out
+    assert "study: computed now: none" in out
+    assert "study: restored from records: Initial s0 (restored @" in out
     # The paired tests of the models that have per-query values, in study.md.
     report = (tmp_path / "fresh" / "study.md").read_text()
     assert "## Paired comparisons, financebench ndcg_at_10 (n = 2;" in report
-    assert "| Caliber lp s0 | LEAF lp s0 |" in report and "| LEAF s0 | Initial s0 |" in report
+    mark = f" (restored @{commit})"
+    assert f"| LEAF s0{mark} | Initial s0{mark} |" in report
     # NumGap's per-record values (another file of the same model) join, not replace, them.
     assert "## Paired comparisons, numgap D (n = 2;" in report
     assert "## Paired comparisons, numgap M (n = 2;" in report
@@ -251,6 +266,45 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
                                      "Initial lp s0", "LEAF lp s0", "Caliber lp s0",
                                      "Numeric lp s0", "LEAF t384 s0",
                                      "Caliber t384 s0"}  # fmt: skip
+
+
+def test_records_of_another_config_or_recompute_are_not_restored(
+    minilm_dir, tmp_path, monkeypatch, capsys
+):
+    """A record whose config hash is not this run's is not restored (the model is trained and
+    evaluated again, and the run says why in one line); `--recompute` ignores every record."""
+    import argparse
+    import json
+
+    fake_stage, _, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    record = tmp_path / "record"
+    args = argparse.Namespace(output=str(tmp_path / "first"), filings=None, seeds="0",
+                              financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
+    study_mpnet.run_study(args, fake_stage([]))
+    computed = capsys.readouterr().out
+    assert "study: restored from records: none" in computed
+    path = record / "results/Caliber_lp_s0/numgap.json"
+    saved = json.loads(path.read_text())
+    saved["provenance"]["config_hash"] = "0" * 16  # as if lambda had been another
+    path.write_text(json.dumps(saved))
+
+    again: list[str] = []
+    args.output = str(tmp_path / "second")
+    study_mpnet.run_study(args, fake_stage(again))
+    assert [stage for stage in again if stage.startswith("train")] == ["train Caliber lp s0"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not restored" in line]
+    current = json.loads((tmp_path / "first/results/Caliber_lp_s0/numgap.json").read_text())
+    assert lines == [f"study: Caliber lp s0 not restored: config hash differs (recorded "
+                     f"{'0' * 16} at commit {saved['provenance']['commit']}, this run "
+                     f"{current['provenance']['config_hash']}); computing it"]  # fmt: skip
+    report = (tmp_path / "second" / "study.md").read_text()
+    assert "| Caliber lp s0 | numgap | now |" in report and "| LEAF lp s0 (restored @" in report
+
+    args.output, args.recompute = str(tmp_path / "third"), True
+    third: list[str] = []
+    study_mpnet.run_study(args, fake_stage(third))
+    assert sum(stage.startswith("train") for stage in third) == 6
+    assert "study: restored from records: none" in capsys.readouterr().out
 
 
 def test_long_study_trains_the_main_pair_of_every_seed_on_the_long_variant(
