@@ -8,9 +8,14 @@
 # Every process runs COMMAND with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID
 # set (read by sharding.initialize_distributed, which the entry points call), on the CPU, with
 # LOCAL_DEVICES (default 2) CPU devices each. SIGTERM/SIGINT/SIGHUP are forwarded to every
-# process. The exit status is the first non-zero status of a process (which also ends the others:
-# the survivors of a dead peer would only wait for it), else 0.
-# Environment: LOCAL_DEVICES, JAX_COORDINATOR_PORT (default: a free port).
+# process. Each process's exit is reported as "local_multiprocess: process I exited with CODE".
+# Exit status: 0 when every process exits 0; 75 (EX_TEMPFAIL, `train` stopped by SIGTERM with a
+# checkpoint: requeue or rerun the same command to resume) when a process exits 75, after the
+# others' own orderly stop (they agree on the step and checkpoint it together; killing one then
+# could lose that checkpoint), which they get PREEMPT_GRACE_S seconds for before being killed;
+# otherwise the first other non-zero status, which also ends the others at once (the survivors of
+# a dead peer would only wait for it).
+# Environment: LOCAL_DEVICES, JAX_COORDINATOR_PORT (default: a free port), PREEMPT_GRACE_S (120).
 set -uo pipefail
 
 usage() { echo "usage: $0 NUM_PROCESSES -- COMMAND..." >&2; exit 2; }
@@ -18,6 +23,8 @@ usage() { echo "usage: $0 NUM_PROCESSES -- COMMAND..." >&2; exit 2; }
 num=$1; shift 2
 devices=${LOCAL_DEVICES:-2}
 [[ $devices =~ ^[1-9][0-9]*$ ]] || { echo "error: LOCAL_DEVICES=$devices: not a count" >&2; exit 2; }
+grace=${PREEMPT_GRACE_S:-120}
+[[ $grace =~ ^[0-9]+$ ]] || { echo "error: PREEMPT_GRACE_S=$grace: not seconds" >&2; exit 2; }
 port=${JAX_COORDINATOR_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("localhost", 0)); print(s.getsockname()[1])')}
 
 export JAX_COORDINATOR_ADDRESS="localhost:$port" JAX_NUM_PROCESSES="$num"
@@ -40,19 +47,40 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 trap 'forward HUP' HUP
 
+PREEMPTED=75  # caliber_jax.train's EXIT_PREEMPTED
 status=0
+timer=  # pid of the grace-period sleep, once a process has exited 75
+grace_over=  # set once the grace period ran out: the processes killed then are not failures
 while ((${#live[@]} > 0)); do
   done_pid=
   # wait -n returns when any child ends, or when a trapped signal arrives (then loop again).
-  wait -n -p done_pid "${!live[@]}"
+  wait -n -p done_pid "${!live[@]}" ${timer:+"$timer"}
   code=$?
   [[ -n ${done_pid:-} ]] || continue
+  if [[ $done_pid == "$timer" ]]; then
+    timer=
+    grace_over=1
+    echo "local_multiprocess: processes ${live[*]} still running ${grace} s after a preempted" \
+      "exit; killing them (the last complete checkpoint resumes)" >&2
+    forward KILL
+    continue
+  fi
   index=${live[$done_pid]}
   unset "live[$done_pid]"
-  if ((code != 0 && status == 0)); then
+  echo "local_multiprocess: process $index exited with $code" >&2
+  if ((code == PREEMPTED)); then
+    if ((status == 0)); then
+      status=$PREEMPTED
+      sleep "$grace" &
+      timer=$!
+      ((${#live[@]} == 0)) || echo "local_multiprocess: process $index was preempted" \
+        "(checkpointed); waiting up to $grace s for the others' own orderly stop" >&2
+    fi
+  elif ((code != 0 && (status == 0 || status == PREEMPTED))) && [[ -z $grace_over ]]; then
     status=$code
-    echo "local_multiprocess: process $index exited with $code; stopping the others" >&2
+    echo "local_multiprocess: process $index failed; stopping the others" >&2
     forward KILL
   fi
 done
+[[ -z $timer ]] || kill "$timer" 2>/dev/null
 exit "$status"
