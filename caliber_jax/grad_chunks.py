@@ -32,23 +32,43 @@ class ChunkedGradFn:
     zeros: Any
     rows: int
     mesh: Mesh
+    # Wait for each program before issuing the next (`in_order`): see `__call__`.
+    in_order: bool = False
 
     def __call__(self, params, host_batch, weights):
+        """One batch's gradients and metrics.
+
+        Every group's forward and backward program sums over all devices (cross-process
+        collectives when the mesh spans processes), and JAX issues them without waiting: a step
+        puts 2G + 3 such programs in flight, and the CPU runtime holds up to 32 per device. With
+        two processes that deadlocked within a few steps (issue #34: three devices in a gloo
+        all-reduce, the fourth device's next launch waiting for a free slot of those 32, none
+        of its queued programs running). `in_order` waits for each program to finish before
+        issuing the next, so one program with collectives is in flight at a time, the same one
+        on every process.
+        """
         count = host_batch["packed_ids"].shape[0]
         if count % self.rows:
             raise ValueError(f"{count} packed rows do not split into groups of {self.rows}")
+        settle = jax.block_until_ready if self.in_order else _identity
         rest = {k: v for k, v in host_batch.items() if k not in step.PACKED_KEYS}
         rest = sharding.to_global(rest, self.mesh)
         pooled = self.zeros()
         backward_fns = []
         for start in range(0, count, self.rows):
             chunk = {k: host_batch[k][start : start + self.rows] for k in step.PACKED_KEYS}
-            pooled, vjp_fn = self.forward(params, sharding.to_global(chunk, self.mesh), pooled)
+            pooled, vjp_fn = settle(
+                self.forward(params, sharding.to_global(chunk, self.mesh), pooled)
+            )
             backward_fns.append(vjp_fn)
-        grads, cotangent, metrics = self.head(params, pooled, rest, weights)
+        grads, cotangent, metrics = settle(self.head(params, pooled, rest, weights))
         while backward_fns:  # each group's saved activations go as soon as they are used
-            grads = self.backward(backward_fns.pop(), cotangent, grads)
-        return self.finish(grads, metrics)
+            grads = settle(self.backward(backward_fns.pop(), cotangent, grads))
+        return settle(self.finish(grads, metrics))
+
+
+def _identity(value):
+    return value
 
 
 def make_chunked_grad(
@@ -59,6 +79,7 @@ def make_chunked_grad(
     params_shardings: Any,
     rows: int,
     pooled_shape: tuple[int, int],
+    in_order: bool = False,
 ) -> ChunkedGradFn:
     """The five jitted programs of the chunked gradient step, each compiled once per run.
 
@@ -69,6 +90,8 @@ def make_chunked_grad(
       params_shardings: the params' shardings (gradients come out the same).
       rows: packed rows per group, per process; a multiple of the local device count.
       pooled_shape: (S, D): 2B sequence slots by the encoder width.
+      in_order: wait for each program before issuing the next (`ChunkedGradFn.__call__`):
+        needed where the mesh spans several processes on the CPU runtime.
     """
     if rows < 1 or rows % jax.local_device_count():
         raise ValueError(
@@ -97,4 +120,5 @@ def make_chunked_grad(
         zeros=jax.jit(lambda: jnp.zeros(pooled_shape, jnp.float32), out_shardings=replicated),
         rows=rows,
         mesh=mesh,
+        in_order=in_order,
     )

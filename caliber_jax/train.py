@@ -7,7 +7,6 @@ trains the student with the jit-compiled, data-parallel step of `caliber_jax.ste
 TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
-import dataclasses
 import functools
 import json
 import math
@@ -30,14 +29,14 @@ from tqdm import tqdm
 from caliber_jax import (
     checkpoint,
     cli,
-    compile_ahead,
-    grad_chunks,
     optim,
     paths,
     sharding,
     step,
     tokenization,
+    training_path,
     w_out_init,
+    watchdog,
 )
 from caliber_jax.data import pipeline
 from caliber_jax.embedder import Embedder, resolve_dtype
@@ -137,17 +136,20 @@ def chunk_rows_per_process(config: ml_collections.ConfigDict) -> int:
     return math.lcm(config.get("grad_chunk_rows", 0) or 1, jax.local_device_count())
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitTrainFn:
-    """A train step as two jitted programs: `grad(params, batch, weights) -> (grads, metrics)`,
-    compiled once per batch shape, then `update(state, grads, metrics) -> (state, metrics)`,
-    compiled once. Called like the one-program step: `(state, batch, weights)`."""
-
-    grad: Any
-    update: Any
-
-    def __call__(self, state, batch, weights):
-        return self.update(state, *self.grad(state.params, batch, weights))
+def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath:
+    """The run's training path (docs/training_path.md): layout, step form, scan, compile-ahead."""
+    return training_path.choose(
+        platform=jax.default_backend(),
+        process_count=jax.process_count(),
+        local_devices=jax.local_device_count(),
+        pack_length=config.data.pack_length,
+        pert_rows_multiple=config.data.pert_rows_multiple,
+        grad_chunk_rows=config.grad_chunk_rows,
+        grad_chunk_rows_on_accelerator=config.grad_chunk_rows_on_accelerator,
+        split_update=config.split_update,
+        compile_ahead=config.compile_ahead,
+        scan_layers=config.model.scan_layers,
+    )
 
 
 def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int):
@@ -344,6 +346,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
+    path = choose_path(config)
+    if jax.process_index() == 0:
+        print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     if config.data.pack_length and config.model.attention == "cudnn":
         raise ValueError(
             "config.data.pack_length: packed rows need model.attention='xla' (cuDNN's kernel "
@@ -357,7 +362,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             dtype=resolve_dtype(config.model.dtype),
             remat=config.model.remat,
             attention=config.model.attention,
-            scan_layers=config.model.get("scan_layers", True),
+            scan_layers=path.scan_layers,
         )
     params = nnx.to_pure_dict(params_state)
     del flat, params_state
@@ -380,60 +385,23 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
     replicated = sharding.replicated(mesh)
-    # Groups of packed rows: the padded layouts (pack_length = 0) have no rows to group.
-    chunk_rows = (
-        config.data.pack_length and config.get("grad_chunk_rows", 0)
-    ) and chunk_rows_per_process(config)
-    if chunk_rows:
-        grad_fn = grad_chunks.make_chunked_grad(
-            graphdef,
-            loss_args,
-            mesh=mesh,
-            params_shardings=state_shardings.params,
-            rows=chunk_rows,
-            pooled_shape=(2 * config.batch_size, spec.config.width),
-        )
-    if config.get("split_update", False) or chunk_rows:
-        # Two programs: gradients (one per batch shape) and the optimizer update (one for the
-        # run), so a new batch shape compiles the forward and backward only.
-        train_fn = SplitTrainFn(
-            grad_fn
-            if chunk_rows
-            else jax.jit(
-                lambda p, b, w: step.grad_step(p, b, graphdef=graphdef, **loss_args, **w),
-                in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
-                out_shardings=(state_shardings.params, replicated),
-            ),
-            jax.jit(
-                functools.partial(step.apply_update, optimizer=optimizer, schedule=schedule),
-                in_shardings=(state_shardings, state_shardings.params, replicated),
-                out_shardings=(state_shardings, replicated),
-                # The state only: its outputs already take every buffer of the grads' shapes.
-                donate_argnums=0,
-            ),
-        )
-    else:
-        train_fn = jax.jit(
-            lambda s, b, w: step.train_step(
-                s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args, **w
-            ),
-            in_shardings=(state_shardings, sharding.batch_sharding(mesh), replicated),
-            out_shardings=(state_shardings, replicated),
-            donate_argnums=0,
-        )
-    eval_fn = jax.jit(
+    weights = jax.device_put(weights, replicated)
+    train_fn = training_path.make_train_step(
+        path,
+        graphdef=graphdef,
+        optimizer=optimizer,
+        schedule=schedule,
+        loss_args=loss_args,
+        weights=weights,
+        mesh=mesh,
+        state_shardings=state_shardings,
+        pooled_shape=(2 * config.batch_size, spec.config.width),
+    )
+    eval_jit = jax.jit(
         lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
         in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
         out_shardings=replicated,
     )
-    weights = jax.device_put(weights, replicated)
-    train_jit, eval_jit = train_fn, eval_fn
-    if chunk_rows:  # the chunked step places each group of rows itself
-        train_fn = lambda s, host_batch: train_jit(s, host_batch, weights)  # noqa: E731
-    else:
-        train_fn = lambda s, host_batch: train_jit(  # noqa: E731
-            s, sharding.to_global(host_batch, mesh), weights
-        )
     eval_fn = lambda p, b: eval_jit(p, b, weights)  # noqa: E731
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
@@ -479,38 +447,29 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         if jax.process_index() == 0
         else None
     )
-    programs = None
-    if config.get("compile_ahead", True) and not chunk_rows:  # chunked: nothing left to build
+    if path.compile_ahead:
         # The loader's step i batch, built again on the compile thread for each new shape.
         batch_fn = pipeline.make_batch_fn(
             train_source,
             **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
                             process_rows=process_rows, lengths=lengths),
         )  # fmt: skip
-        split = isinstance(train_jit, SplitTrainFn)
-        # Split: only the gradient half depends on the batch shape, so it is the one built ahead.
-        programs = compile_ahead.StepPrograms(train_jit.grad if split else train_jit)
-        programs.start(
-            ((batch_fn.geometry(i), i) for i in range(start, steps)),
-            lambda i: (
-                abstract.params if split else abstract,
-                sharding.to_global(batch_fn(i), mesh),
-                weights,
-            ),
-        )
-        step_fn = SplitTrainFn(programs, train_jit.update) if split else programs
-        train_fn = lambda s, host_batch: step_fn(  # noqa: E731
-            s, sharding.to_global(host_batch, mesh), weights
-        )
+        walk = ((batch_fn.geometry(i), i) for i in range(start, steps))
+        train_fn.start_compile_ahead(walk, batch_fn, abstract)
     sigterm = SigtermFlag()
+    # A run that stops making progress (a deadlocked collective) dumps its stacks and exits
+    # watchdog.EXIT_STALLED instead of hanging.
+    stall = watchdog.StepWatchdog(
+        factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
+    ).start()
     try:
         summary = _loop(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-            val_factory, sigterm, programs,
+            val_factory, sigterm, stall,
         )  # fmt: skip
     finally:
-        if programs is not None:
-            programs.close()
+        stall.close()
+        train_fn.close()
     manager.close()
     if writer is not None:
         writer.close()
@@ -518,7 +477,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
 
 def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-          val_factory, sigterm, programs=None) -> dict[str, float]:  # fmt: skip
+          val_factory, sigterm, stall) -> dict[str, float]:  # fmt: skip
     """The linear train loop: step, log, validate, checkpoint."""
     last: dict[str, float] = {}
     window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
@@ -526,7 +485,8 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     bar = tqdm(total=steps, initial=start, desc="train", disable=jax.process_index() != 0)
     step_num = start
     if val_factory is not None and config.eval_at_start and start == 0:
-        with jax.transfer_guard("allow"):  # the starting point of the validation curves
+        # the starting point of the validation curves
+        with jax.transfer_guard("allow"), stall.phase("validation"):
             _write(writer, evaluate(eval_fn, state.params, val_factory, mesh), 0)
     # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
     with jax.transfer_guard("disallow"):
@@ -552,13 +512,14 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                     loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}"
                 )
             if val_factory is not None and (step_num % config.eval_every == 0 or step_num == steps):
-                with jax.transfer_guard("allow"):
+                with jax.transfer_guard("allow"), stall.phase("validation"):
                     val = evaluate(eval_fn, state.params, val_factory, mesh)
                 last.update(val)
                 _write(writer, val, step_num)
             if must_save:
-                with jax.transfer_guard("allow"):
+                with jax.transfer_guard("allow"), stall.phase("checkpoint save"):
                     checkpoint.save(manager, step_num, state, data_iter, force=True)
+            stall.step_done(step_num)
             bar.update(1)
             if stop:
                 logging.warning("SIGTERM: checkpointed step %d, exiting", step_num)
@@ -567,7 +528,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     last["step"] = step_num
     last["steps_run"] = step_num - start
     last["preempted"] = float(step_num < steps)
-    last.update(compile_summary(len(shapes), ahead=programs.compiled_ahead if programs else 0))
+    last.update(compile_summary(len(shapes), ahead=train_fn.compiled_ahead))
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last

@@ -141,8 +141,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # rows in groups of this many (per process, rounded up to a multiple of its devices), then the
     # loss, then each group's backward pass (caliber_jax/grad_chunks.py): the same gradients from
     # programs whose shapes never change, so a run compiles once whatever row counts its batches
-    # need. 0: one gradient program per batch shape.
+    # need. 0: one gradient program per batch shape. What it is for: a CPU's compile count. It
+    # saves no memory (every group's activations live until the loss is computed), so train
+    # refuses it on a GPU or TPU unless grad_chunk_rows_on_accelerator says it is meant.
     config.grad_chunk_rows = 0
+    config.grad_chunk_rows_on_accelerator = False
+    # Step watchdog (caliber_jax/watchdog.py): when no step completes within watchdog_factor x
+    # the slowest step so far (at least watchdog_min_s; factor x watchdog_min_s before the first
+    # step and during validation or a checkpoint save), every process dumps all its threads'
+    # stacks to stderr and exits 124, so a deadlocked run ends and a scheduler can requeue it
+    # (resuming from the last checkpoint). 0 turns it off.
+    config.watchdog_factor = 20.0
+    config.watchdog_min_s = 120.0
 
     config.log_every = 50
     config.eval_every = 1000
