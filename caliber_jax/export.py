@@ -28,6 +28,10 @@ from etils import epath
 from caliber_jax import checkpoint, cli, paths, tokenization, w_out_init
 from caliber_jax.models import embedding, hf
 
+# Written last, after the weights, config.json, the tokenizer and the sentence-transformers files:
+# a directory without it is an export cut short.
+DONE_FILE = "caliber_export.json"
+
 
 def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
            query_prompt: str | None = None, interpolate: float | None = None,
@@ -80,7 +84,7 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     record = {"workdir": str(workdir), "step": int(step)}
     if interpolate is not None:
         record["interpolate"] = float(interpolate)
-    hf.save_json(record, output / "caliber_export.json")
+    hf.save_json(record, output / DONE_FILE)
     return output
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from caliber_jax import cli
+from caliber_jax import cli, mine_final
 from caliber_jax.data import corpus
 from caliber_jax.eval import within_doc
 from caliber_jax.mining import chunking, mining, querygen, trainer
@@ -154,6 +154,15 @@ def load_student(config: ml_collections.ConfigDict, workdir: Path, iteration: in
 def model_dir(workdir: Path, iteration: int) -> Path:
     """Where iteration `iteration` exports bi-enc(iteration + 1)."""
     return workdir / f"iter_{iteration}" / "model"
+
+
+def export_student(train_dir: Path, output: Path) -> None:
+    """Exports the trained student to `output` unless a finished export is there: the file
+    `export.export` writes last marks it (a crash mid-export leaves config.json without it)."""
+    from caliber_jax import export
+
+    if not (output / export.DONE_FILE).exists():
+        export.export(train_dir, output)
 
 
 class Run:
@@ -400,10 +409,7 @@ class Run:
             log_every=config.train.log_every,
             log_fn=log,
         )
-        if not (model_dir(self.workdir, i) / "config.json").exists():
-            from caliber_jax import export
-
-            export.export(it / "train", model_dir(self.workdir, i))
+        export_student(it / "train", model_dir(self.workdir, i))
         log(f"iteration {i}: exported bi-enc({i + 1}) to {model_dir(self.workdir, i)}")
         if stop_after == "train":
             return None
@@ -550,6 +556,13 @@ class Run:
                 f"iteration {i}: FinanceBench vs bi-enc(0) "
                 + _line(out["financebench_within_doc"]["vs_base"])
             )
+        if config.eval.validation_6a:
+            train_judge = self.judge(corpus.load_jsonl(it / "queries.jsonl"))
+            step_6a = mine_final.validation_6a(self, i, models["exp"], train_judge)
+            out["validation_6a_pairs"] = step_6a["pairs"]
+            if step_6a["compare"] is not None:
+                out["validation_6a"] = step_6a["compare"]
+                log(f"iteration {i}: validation (6a) " + _line(out["validation_6a"]))
         return out
 
 
@@ -596,7 +609,16 @@ def run(
         results.append(result)
     if results:
         corpus.save_json(Path(workdir) / "results.json", results)
-        (Path(workdir) / "results.md").write_text(format_markdown(results), encoding="utf-8")
+        text = format_markdown(results)
+        if config.final_eval.enabled and len(results) == iterations:
+            final = mine_final.final_evaluation(
+                mine_run,
+                iterations,
+                lambda j: load_student(config, Path(workdir), j),
+                mine_run.judge(corpus.load_jsonl(Path(workdir) / "iter_0" / "queries.jsonl")),
+            )
+            text += "\n" + mine_final.format_markdown(final)
+        (Path(workdir) / "results.md").write_text(text, encoding="utf-8")
     return results
 
 
@@ -623,6 +645,11 @@ def format_markdown(results: list[dict[str, Any]]) -> str:
         (
             "heldout_judged",
             "Held-out test documents, judged top 5 (base = bi-enc(i), exp = bi-enc(i+1))",
+            None,
+        ),
+        (
+            "validation_6a",
+            "Validation documents, step 6a: judged top 5 of bi-enc(i) and bi-enc(i+1)",
             None,
         ),
         (
