@@ -63,8 +63,9 @@ def prepare(
     `val.jsonl` and are the only source of NumGap; the rest go to `train.jsonl`. The caps
     (0 = none) keep a seeded sample of each split. `neighbour_k` > 0 gives every training
     passage a "neighbour" field (`mine_neighbours`): the row in `train.jsonl` of a topical BM25
-    neighbour, or null. `numfine_items` > 0 also writes
-    `numfine_test.jsonl`: NumFinE units (graded variants of one number) from the same held-out
+    neighbour, or null; and every validation passage a "train_neighbour" field, its neighbour
+    among the training passages (`mine_heldout_neighbours`), or null. `numfine_items` > 0 also
+    writes `numfine_test.jsonl`: NumFinE units (graded variants of one number) from the same held-out
     documents.
     """
     records = corpus.load_records(input_path, text_field=text_field)
@@ -96,12 +97,18 @@ def prepare(
     train = [p for p in passages if p["doc_name"] not in heldout]
     val = [p for p in passages if p["doc_name"] in heldout]
     train = sample(train, max_train_passages, seed=seed)
+    val = sample(val, max_val_passages, seed=seed)
     if neighbour_k:
-        neighbours = mine_neighbours([p["text"] for p in train], k=neighbour_k)
+        train_texts = [p["text"] for p in train]
+        neighbours = mine_neighbours(train_texts, k=neighbour_k)
         train = [{**p, "neighbour": n} for p, n in zip(train, neighbours, strict=True)]
+        # Validation rows get theirs among the training passages ("train_neighbour": a row of
+        # train.jsonl), so that validation scores the objective being trained.
+        found = mine_heldout_neighbours(train_texts, [p["text"] for p in val], k=neighbour_k)
+        val = [{**p, "train_neighbour": n} for p, n in zip(val, found, strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if val:
-        corpus.save_jsonl(output_dir / "val.jsonl", sample(val, max_val_passages, seed=seed))
+        corpus.save_jsonl(output_dir / "val.jsonl", val)
     perturbable = sum(chosen.values())
     stats: dict[str, Any] = {
         "input": str(input_path),
@@ -176,6 +183,33 @@ def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -
                 texts[row], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
             )
             found.append(None if choice is None else candidates[choice])
+    return found
+
+
+def mine_heldout_neighbours(
+    train_texts: Sequence[str], texts: Sequence[str], *, k: int, max_jaccard: float = 0.5
+) -> list[int | None]:
+    """`mine_neighbours` for held-out `texts`: each one's neighbour among `train_texts` only.
+
+    One BM25 index over both lists (the held-out texts must be indexed to be queried), ranked
+    over the training rows alone, so a held-out passage never gets another held-out one.
+
+    Returns:
+      Per text, the index of its neighbour in `train_texts`, or None.
+    """
+    if not texts or not train_texts:
+        return [None] * len(texts)
+    index = numgap.Bm25Neighbours([*train_texts, *texts])
+    offset = len(train_texts)
+    found: list[int | None] = []
+    for start in range(0, len(texts), 1024):
+        rows = range(start, min(start + 1024, len(texts)))
+        ranked_rows = index.neighbours([offset + row for row in rows], k=k, candidates=offset)
+        for row, ranked in zip(rows, ranked_rows, strict=True):
+            choice = numgap.pick_distractor(
+                texts[row], [train_texts[doc] for doc in ranked], max_jaccard=max_jaccard
+            )
+            found.append(None if choice is None else ranked[choice])
     return found
 
 

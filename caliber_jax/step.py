@@ -322,16 +322,38 @@ def grad_step(
     return _gradients(params, batch, functools.partial(loss_fn, graphdef=graphdef, **loss_args))
 
 
+# The rows each part of `losses.calibration_loss` is a mean over, for `eval_step`'s sums and
+# `train.evaluate`'s means: the perturbed rows, or the numeric term's ("term_rows": perturbed and,
+# under objective "neighbour", with a neighbour); every other part (and the loss) every real row.
+EVAL_PART_ROWS = {
+    "align_px": "pert_rows",
+    "delta_s": "pert_rows",
+    "delta_t": "pert_rows",
+    "sim_p": "pert_rows",
+    "num": "term_rows",
+    "hinge_active_frac": "term_rows",
+    "sim_nb": "term_rows",
+}
+
+
 def eval_step(
     params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, **loss_args: Any
 ) -> dict[str, jax.Array]:
-    """Validation loss components, weighted by the real rows of the batch (sum, count).
+    """Validation loss and every part of it as sums over the batch's real rows, with the counts
+    ("rows", "pert_rows", "term_rows") that turn each back into the mean it is in training.
 
-    `loss_args` are those of `loss_fn`.
+    The loss is the trained one: a validation split with mined neighbours ("train_neighbour",
+    `prepare.mine_heldout_neighbours`) gets the "neighbour" term too. `loss_args` are `loss_fn`'s.
     """
     loss, parts = loss_fn(params, batch, graphdef=graphdef, **loss_args)
-    pert_parts = ("align_px", "num", "delta_s", "delta_t")
-    return _row_sums(loss, parts, batch, row_parts=("align_x",), pert_parts=pert_parts)
+    weight = batch["weight"].astype(jnp.float32)
+    pert = weight * batch["has_pert"]
+    term = pert
+    if loss_args.get("objective") == "neighbour":
+        term = pert * batch.get("has_nb", jnp.zeros_like(batch["has_pert"]))
+    counts = {"rows": jnp.sum(weight), "pert_rows": jnp.sum(pert), "term_rows": jnp.sum(term)}
+    sums = {k: v * counts[EVAL_PART_ROWS.get(k, "rows")] for k, v in parts.items()}
+    return {"loss": loss * counts["rows"], **sums, **counts}
 
 
 def embed_triplets(

@@ -73,7 +73,14 @@ def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath
     return passages, teacher_dir / "x", px if px.exists() else None
 
 
-def make_source(config: ml_collections.ConfigDict, split: str, dim: int) -> pipeline.TrainSource:
+def make_source(
+    config: ml_collections.ConfigDict,
+    split: str,
+    dim: int,
+    neighbour_source: pipeline.TrainSource | None = None,
+) -> pipeline.TrainSource:
+    """A split's rows; `neighbour_source` (the training split) resolves a validation split's
+    "train_neighbour" rows (`prepare.mine_heldout_neighbours`)."""
     passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
     for path in (passages, teacher_x):
         if not path.exists():
@@ -82,7 +89,11 @@ def make_source(config: ml_collections.ConfigDict, split: str, dim: int) -> pipe
                 "`python -m caliber_jax.embed_teacher` with this config first"
             )
     return pipeline.TrainSource(
-        passages, teacher_x_path=teacher_x, teacher_px_path=teacher_px, dim=dim
+        passages,
+        teacher_x_path=teacher_x,
+        teacher_px_path=teacher_px,
+        dim=dim,
+        neighbour_source=neighbour_source,
     )
 
 
@@ -272,11 +283,13 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
         sums = jax.device_get(eval_fn(params, sharding.to_global(batch, mesh)))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
-    rows, pert_rows = max(totals.pop("rows"), 1.0), max(totals.pop("pert_rows"), 1.0)
-    out = {"val/loss": totals["loss"] / rows, "val/align_x": totals["align_x"] / rows}
-    out.update(
-        {f"val/{k}": totals[k] / pert_rows for k in ("align_px", "num", "delta_s", "delta_t")}
-    )
+    # Each part over the rows it is a mean of (`step.eval_step`): every row, the perturbed rows,
+    # or the numeric term's rows (for "neighbour": perturbed and with a neighbour).
+    counts = {name: totals.pop(name) for name in ("rows", "pert_rows", "term_rows")}
+    out = {}
+    for key, total in totals.items():
+        out[f"val/{key}"] = total / max(counts[step.EVAL_PART_ROWS.get(key, "rows")], 1.0)
+    out["val/term_frac"] = counts["term_rows"] / max(counts["rows"], 1.0)
     return out
 
 
@@ -434,7 +447,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     val_factory = None
     if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
-        val_source = make_source(config, "val", dim)
+        val_source = make_source(config, "val", dim, neighbour_source=train_source)
         val_factory = functools.partial(
             make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
             process_rows=process_rows,

@@ -170,12 +170,40 @@ def test_mine_neighbours_skips_copies_numeric_duplicates_and_strangers():
     assert prepare_lib.mine_neighbours([], k=5) == []
 
 
+def test_mine_heldout_neighbours_only_among_training_texts():
+    train = [
+        "Revenue grew 5% to $100 million in 2019 on higher pricing across segments.",
+        "Operating costs rose 2% to $40 million in 2019 on wages across segments.",
+        "The weather in Paris was sunny all week.",
+    ]
+    held_out = [
+        "Revenue grew 7% to $120 million in 2020 on higher pricing across segments.",
+        # Its copy in the held-out list ranks first in the shared index; it must not be picked.
+        "Revenue grew 7% to $120 million in 2020 on higher pricing across segments.",
+        "Revenue grew 5% to $100 million in 2019 on higher pricing across segments.",
+        "Zebras graze quietly.",
+    ]
+    found = prepare_lib.mine_heldout_neighbours(train, held_out, k=5)
+    # 0, 1: the training passage on the same topic with other numbers (row 0), never each other.
+    # 2: its verbatim training copy is skipped -> the next topical one (row 1). 3: no shared term.
+    assert found == [0, 0, 1, None]
+    assert prepare_lib.mine_heldout_neighbours(train, [], k=5) == []
+    assert prepare_lib.mine_heldout_neighbours([], held_out[:2], k=5) == [None, None]
+
+
 def test_prepare_stores_training_neighbours(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
     prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)
     train = corpus.load_jsonl(tmp_path / "out" / "train.jsonl")
     val = corpus.load_jsonl(tmp_path / "out" / "val.jsonl")
     assert all("neighbour" not in passage for passage in val)
+    # Validation passages name theirs among the training rows (validation scores the trained
+    # objective), as the mining function finds them.
+    want = prepare_lib.mine_heldout_neighbours(
+        [p["text"] for p in train], [p["text"] for p in val], k=5
+    )
+    assert [p["train_neighbour"] for p in val] == want
+    assert any(row is not None for row in want)
     rows = [passage["neighbour"] for passage in train]
     assert any(row is not None for row in rows)
     for index, row in enumerate(rows):
@@ -186,6 +214,9 @@ def test_prepare_stores_training_neighbours(tmp_path):
     # Without neighbour_k the training file has no such field (eq. 4 runs are unchanged).
     prepare_lib.prepare(source, tmp_path / "plain", seed=0, heldout_fraction=0.34)
     assert all("neighbour" not in p for p in corpus.load_jsonl(tmp_path / "plain" / "train.jsonl"))
+    assert all(
+        "train_neighbour" not in p for p in corpus.load_jsonl(tmp_path / "plain" / "val.jsonl")
+    )
 
 
 def test_prepare_reads_and_writes_file_urls_and_remote_paths(tmp_path, monkeypatch):

@@ -305,6 +305,37 @@ def test_neighbour_objective_loss_fn_is_calibration_loss():
         assert "structure" in parts
 
 
+def test_eval_step_counts_each_part_over_its_own_rows():
+    """Validation under "neighbour" scores the trained loss, each part divided back by the rows
+    it is a mean over: `num` over perturbed rows *with a neighbour*, not over perturbed rows."""
+    graphdef, params = make_model(0)
+    batch = neighbour_batch(2, (graphdef, params))
+    batch["has_pert"] = np.arange(len(batch["weight"])) % 3 != 1  # some rows unperturbed
+    batch["weight"] = batch["weight"].copy()
+    batch["weight"][-1] = 0.0  # a padding row
+    options = dict(lam=2.0, margin=0.05, reduction="batch", perturb_weight=0.0,
+                   structure_weight=3.0)  # fmt: skip
+    sums = jax.device_get(
+        step.eval_step(params, batch, graphdef=graphdef, objective="neighbour", **options)
+    )
+    loss, parts = step.loss_fn(params, batch, graphdef=graphdef, objective="neighbour", **options)
+    weight, pert, nb = batch["weight"], batch["has_pert"], batch["has_nb"]
+    want = {"rows": weight.sum(), "pert_rows": (weight * pert).sum(),
+            "term_rows": (weight * pert * nb).sum()}  # fmt: skip
+    assert want["term_rows"] < want["pert_rows"] < want["rows"]  # three different counts
+    for name, count in want.items():
+        assert float(sums[name]) == float(count), name
+    np.testing.assert_allclose(sums["loss"] / sums["rows"], loss, rtol=1e-6)
+    for name, value in parts.items():
+        count = want[step.EVAL_PART_ROWS.get(name, "rows")]
+        np.testing.assert_allclose(sums[name] / count, value, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert float(parts["num"]) > 0 and "structure" in sums and "sim_nb" in sums
+    # Eq. 4: the term covers every perturbed row.
+    sums4 = jax.device_get(step.eval_step(params, batch, graphdef=graphdef, lam=0.5, margin=0.05,
+                                          reduction="batch"))  # fmt: skip
+    assert float(sums4["term_rows"]) == float(want["pert_rows"])
+
+
 def test_neighbour_objective_separates_pairs_in_twenty_steps():
     """Calibrating a model against itself: the pi(x) pairs move apart while x stays aligned."""
     graphdef, params = make_model(0)

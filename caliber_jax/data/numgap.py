@@ -74,9 +74,12 @@ class Bm25Neighbours:
         self._retriever = bm25s.BM25()
         self._retriever.index(tokens, show_progress=False)
 
-    def neighbours(self, indices: Sequence[int], *, k: int) -> list[list[int]]:
+    def neighbours(
+        self, indices: Sequence[int], *, k: int, candidates: int | None = None
+    ) -> list[list[int]]:
         """Top-`k` BM25 neighbours (score > 0, best first, equal scores by corpus position) of
-        each indexed text, self included.
+        each indexed text, self included; with `candidates`, only among the first `candidates`
+        texts (e.g. the training passages of an index over training + held-out texts).
 
         The order of equal scores is fixed here rather than left to bm25s's top-k
         (`np.argpartition`, whose order among ties differs between machines): a passage repeated
@@ -85,7 +88,9 @@ class Bm25Neighbours:
         """
         # An empty query (all stopwords) has no neighbours; bm25s rejects it.
         return [
-            top_k_by_score(self._retriever.get_scores_from_ids(query), k) if query else []
+            top_k_by_score(self._retriever.get_scores_from_ids(query)[:candidates], k)
+            if query
+            else []
             for query in (list(self._token_ids[index]) for index in indices)
         ]
 

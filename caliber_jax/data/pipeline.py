@@ -26,12 +26,16 @@ TokenizeFn = Callable[[list[str], int], list[list[int]]]
 _TOKENIZE_ROWS = 4096
 
 
-def load_neighbours(path: str | os.PathLike) -> np.ndarray | None:
-    """The optional "neighbour" field of a passages file (`prepare.mine_neighbours`).
+def load_neighbours(
+    path: str | os.PathLike, *, field: str = "neighbour", num_rows: int | None = None
+) -> np.ndarray | None:
+    """The optional "neighbour" field of a passages file (`prepare.mine_neighbours`), or another
+    `field` naming rows of another file of `num_rows` rows ("train_neighbour" of a validation
+    file: rows of train.jsonl, `prepare.mine_heldout_neighbours`).
 
     Returns:
-      [N] int64 row index of each passage's neighbour in the same file, -1 where it is null, or
-      None when no record has the field.
+      [N] int64 row index of each passage's neighbour (in the same file unless `num_rows` is
+      given), -1 where it is null, or None when no record has the field.
     """
     path = paths.as_path(path)
     found: list[int] = []
@@ -41,16 +45,17 @@ def load_neighbours(path: str | os.PathLike) -> np.ndarray | None:
             if not line.strip():
                 continue
             record = json.loads(line)
-            present |= "neighbour" in record
-            neighbour = record.get("neighbour")
+            present |= field in record
+            neighbour = record.get(field)
             if neighbour is not None and (not isinstance(neighbour, int) or neighbour < 0):
-                raise ValueError(f"{path}:{line_number}: field 'neighbour' must be a row or null")
+                raise ValueError(f"{path}:{line_number}: field {field!r} must be a row or null")
             found.append(-1 if neighbour is None else neighbour)
     if not present:
         return None
     neighbours = np.asarray(found, dtype=np.int64)
-    if neighbours.max(initial=-1) >= len(neighbours):
-        raise ValueError(f"{path}: neighbour row {neighbours.max()} >= {len(neighbours)} rows")
+    limit = len(neighbours) if num_rows is None else num_rows
+    if neighbours.max(initial=-1) >= limit:
+        raise ValueError(f"{path}: {field} row {neighbours.max()} >= {limit} rows")
     return neighbours
 
 
@@ -96,6 +101,7 @@ class TrainSource:
         teacher_x_path: str | os.PathLike,
         teacher_px_path: str | os.PathLike | None,
         dim: int,
+        neighbour_source: "TrainSource | None" = None,
     ):
         """Builds the source.
 
@@ -105,6 +111,9 @@ class TrainSource:
           teacher_px_path: teacher store of the perturbations (row i = t(pi(x_i)), zero when
             there is none); None only when no passage has a perturbation.
           dim: d, the width the student projects to.
+          neighbour_source: the source whose rows a "train_neighbour" field names (the training
+            split, for a validation split); its teacher x store gives the neighbour vectors.
+            Used only when the passages have no "neighbour" field of their own.
         """
         self.passages_path = paths.as_path(passages_path)
         texts, perturbed = load_passages(self.passages_path)
@@ -130,7 +139,19 @@ class TrainSource:
                 expect_dim=dim,
                 expect_hash=self._hashes[1],
             )
+        # Neighbours in this file ("neighbour") or in another split's ("train_neighbour").
         self.neighbours = load_neighbours(self.passages_path)
+        self.neighbour_x = self.teacher_x
+        if self.neighbours is None and neighbour_source is not None:
+            if neighbour_source.dim != dim:
+                raise ValueError(
+                    f"{self.passages_path}: neighbour source {neighbour_source.passages_path} "
+                    f"has dim {neighbour_source.dim}, expected {dim}"
+                )
+            self.neighbour_x = neighbour_source.teacher_x
+            self.neighbours = load_neighbours(
+                self.passages_path, field="train_neighbour", num_rows=neighbour_source.num_rows
+            )
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -167,7 +188,7 @@ class TrainSource:
         """
         rows = self.neighbours[indices]
         has_nb = rows >= 0
-        teacher_nb = self.teacher_x[np.where(has_nb, rows, 0)]
+        teacher_nb = self.neighbour_x[np.where(has_nb, rows, 0)]
         teacher_nb[~has_nb] = 0.0
         return teacher_nb, has_nb
 

@@ -453,6 +453,55 @@ def test_neighbour_teacher_rows(corpus, tmp_path):
         pipeline.load_neighbours(paths["passages.jsonl"])
 
 
+def test_validation_neighbours_read_the_training_store(tmp_path):
+    """A validation file's "train_neighbour" rows name training rows: each batch row gets that
+    training row's teacher vector (the validation split's own store is never read for them)."""
+    train_texts, train_pert = make_corpus(NUM_ROWS)
+    train_paths = write_corpus(tmp_path, train_texts, train_pert)
+    val_dir = tmp_path / "val"
+    val_dir.mkdir()
+    texts, perturbed = make_corpus(11)
+    val_paths = write_corpus(val_dir, [f"held-out {t}" for t in texts], perturbed)
+    rows = [None if i % 4 == 0 else (i * 5) % NUM_ROWS for i in range(11)]
+    records = [json.loads(line) for line in val_paths["passages.jsonl"].read_text().splitlines()]
+    with open(val_paths["passages.jsonl"], "w", encoding="utf-8") as f:
+        for record, row in zip(records, rows, strict=True):
+            f.write(json.dumps({**record, "train_neighbour": row}) + "\n")
+    train_source = pipeline.TrainSource(
+        train_paths["passages.jsonl"], teacher_x_path=train_paths["x"],
+        teacher_px_path=train_paths["px"], dim=DIM,
+    )  # fmt: skip
+    val_source = pipeline.TrainSource(
+        val_paths["passages.jsonl"], teacher_x_path=val_paths["x"],
+        teacher_px_path=val_paths["px"], dim=DIM, neighbour_source=train_source,
+    )  # fmt: skip
+    train_vectors = teacher_vectors(NUM_ROWS, 1.0)
+    seen = 0
+    for batch in batches(val_source, shuffle=False):
+        for slot, index in enumerate(batch["index"]):
+            if index < 0:
+                continue
+            seen += 1
+            assert batch["has_nb"][slot] == (rows[index] is not None)
+            want = np.zeros(DIM) if rows[index] is None else train_vectors[rows[index]]
+            np.testing.assert_allclose(batch["teacher_nb"][slot], want, rtol=1e-6)
+    assert seen == 11
+    # Without the training source the field is not resolvable, so no neighbour keys.
+    alone = pipeline.TrainSource(
+        val_paths["passages.jsonl"], teacher_x_path=val_paths["x"],
+        teacher_px_path=val_paths["px"], dim=DIM,
+    )  # fmt: skip
+    assert "teacher_nb" not in next(iter(loader(alone)))
+    # A row past the training file is an error naming the file and the field.
+    with open(val_paths["passages.jsonl"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "bad", "text": "x", "perturbed": None,
+                            "train_neighbour": NUM_ROWS}) + "\n")  # fmt: skip
+    with pytest.raises(ValueError, match=rf"passages.jsonl: train_neighbour row {NUM_ROWS} >= "):
+        pipeline.load_neighbours(
+            val_paths["passages.jsonl"], field="train_neighbour", num_rows=NUM_ROWS
+        )
+
+
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_packed_layout(corpus, process_count):
     """Every x and existing pi(x) appears once, whole, at its slot; one shape on all processes."""
