@@ -306,6 +306,8 @@ class Run:
         )
         queries = self.add_synthetic(queries, student, it)
         log(f"iteration {i}: {len(queries)} queries")
+        if getattr(self.generator, "unusable", None):
+            log(f"iteration {i}: chunks without a query by reason {dict(self.generator.unusable)}")
 
         def build_candidates():
             chunk_vecs = mining.encode_chunks(

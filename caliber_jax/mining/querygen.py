@@ -7,6 +7,7 @@ periods and line items a chunk states) and `OpenAIQueryGenerator` (any OpenAI-co
 `synthesize_queries` is the few-shot "synthetic query" step 1a. No jax.
 """
 
+import collections
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -170,6 +171,8 @@ class OpenAIQueryGenerator:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.max_document_chars = max_document_chars
+        # reason -> chunks that gave no query ("request failed: HTTP 400", "empty generation").
+        self.unusable: collections.Counter[str] = collections.Counter()
 
     def _call(self, chunk: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         prompt = INPARS_PROMPT.format(document=chunk["text"][: self.max_document_chars])
@@ -191,9 +194,12 @@ class OpenAIQueryGenerator:
         responses = self.client.map([self._call(chunk) for chunk in chunks])
         out: list[Scored] = []
         for response in responses:
+            failed = client_lib.failure_reason(response)
             texts = client_lib.choice_texts(response)
             scores = client_lib.choice_mean_logprobs(response)
             query = parse_query(texts[0]) if texts else None
+            if query is None:
+                self.unusable[f"request failed: {failed}" if failed else "empty generation"] += 1
             out.append((query, scores[0] if scores and query else None))
         return out
 

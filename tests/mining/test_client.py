@@ -194,6 +194,14 @@ def test_inpars_generation_selects_by_mean_logprob(server, tmp_path):
     )
     assert chat.generate(chunks[1:2])[0][1] == pytest.approx(-0.1)
     assert server.requests[-1][1]["logprobs"] is True
+    # A failed request and an empty generation give no query, counted by reason.
+    server.failures = [400]
+    server.reply = lambda path, body: "  "
+    assert chat.generate([{"id": "E:0", "doc_name": "E", "text": t} for t in "xy"]) == [
+        (None, None),
+        (None, None),
+    ]
+    assert dict(chat.unusable) == {"request failed: HTTP 400": 1, "empty generation": 1}
 
 
 def test_openai_judge_prompt_and_strict_parsing(server, tmp_path):
