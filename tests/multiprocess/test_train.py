@@ -8,6 +8,7 @@ for its work and data directories, so train, checkpoint and export go through ep
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,6 +140,11 @@ def test_sigterm_to_one_process_checkpoints_everywhere_and_exits_75(data_dir, tm
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
     os.kill(run.pids()[1], signal.SIGTERM)  # only process 1: process 0 must learn it
     assert run.wait() == 75, run.tail()  # EX_TEMPFAIL: checkpointed, rerun to resume
+    # Both stopped on their own (the launcher waits for a preempted run's peers, no SIGKILL).
+    output = run.output()
+    exits = re.findall(r"local_multiprocess: process (\d+) exited with (\d+)", output)
+    assert sorted(exits) == [("0", "75"), ("1", "75")], run.tail()
+    assert output.count("stopped by SIGTERM at step") == 2, run.tail()
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and 3 <= max(steps) < 400, steps
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
