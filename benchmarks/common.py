@@ -51,6 +51,18 @@ QWEN3_EMBEDDING_8B = dataclasses.replace(
     num_attention_heads=32,
     num_key_value_heads=8,
 )
+# The same architecture and vocabulary at toy width: CPU rehearsals of the GPU benchmarks.
+QWEN3_TINY = dataclasses.replace(
+    QWEN3_EMBEDDING_0_6B,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+)
+QWEN3_SHAPES = {"qwen3-0.6b": QWEN3_EMBEDDING_0_6B, "qwen3-8b": QWEN3_EMBEDDING_8B,
+                "qwen3-tiny": QWEN3_TINY}  # fmt: skip
 
 
 def minilm_dir() -> Path:
@@ -180,6 +192,23 @@ def write_source(
             for row, (text, pert) in enumerate(zip(texts, perturbed, strict=True))
         ),
     )
+    write_teacher_stores(directory, texts, perturbed, dim=dim, seed=seed)
+    return pipeline.TrainSource(
+        passages, teacher_x_path=directory / "x", teacher_px_path=directory / "px", dim=dim
+    )
+
+
+def write_teacher_stores(
+    directory: str | os.PathLike,
+    texts: Sequence[str],
+    perturbed: Sequence[str],
+    *,
+    dim: int,
+    seed: int,
+) -> None:
+    """Random teacher stores `directory/x` and `directory/px` for these rows (see `write_source`),
+    in the layout `embed_teacher` writes (`teacher_<split>/` of a data dir)."""
+    directory = Path(directory)
     rng = np.random.default_rng(seed)
     t_x = rng.standard_normal((len(texts), dim)).astype(np.float32)
     t_x /= np.linalg.norm(t_x, axis=-1, keepdims=True)
@@ -197,9 +226,6 @@ def write_source(
             directory / name, num_rows=len(rows), dim=dim, chunk_rows=len(rows), metadata=metadata
         )
         teacher.write_rows(store, 0, vectors)
-    return pipeline.TrainSource(
-        passages, teacher_x_path=directory / "x", teacher_px_path=directory / "px", dim=dim
-    )
 
 
 def stratified_picks(tokens: Sequence[int], *, num_batches: int) -> list[int]:

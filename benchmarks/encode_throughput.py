@@ -84,6 +84,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="timed passes per framework")
     parser.add_argument("--num-layers", type=int, help="keep the first N layers")
     parser.add_argument(
+        "--model",
+        choices=("minilm", "dir", *common.QWEN3_SHAPES),
+        help="architecture (default: the preset's; qwen3-tiny: CPU rehearsals)",
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=0.0,
+        help="FLOP/s that MFU divides by (0: data sheet, else measured)",
+    )
+    parser.add_argument(
         "--model-dir", help="a local HF / sentence-transformers directory (presets with model=dir)"
     )
     parser.add_argument("--skip-torch", action="store_true")
@@ -133,7 +144,7 @@ def build_models(args):
             model_dir, num_layers=args.num_layers, device=device
         )
     else:
-        config = common.QWEN3_EMBEDDING_8B
+        config = common.QWEN3_SHAPES[args.model]
         if args.num_layers:
             config = dataclasses.replace(config, num_hidden_layers=args.num_layers)
         spec = embedding.ModelSpec("qwen3", config, "mean", None, config.to_hf())
@@ -204,11 +215,20 @@ class JaxEncoder:
         return self.model.encode_ids(seqs, batch_size=self.batch_size)
 
     def peak_memory(self) -> str:
+        return f"{common.format_bytes(self.peak_memory_bytes())} ({self.memory_source()})"
+
+    def peak_memory_bytes(self) -> float:
+        """The device's peak; on a CPU (no memory stats) the params' bytes."""
         stats = jax.devices()[0].memory_stats()
         if stats and "peak_bytes_in_use" in stats:
-            return f"{common.format_bytes(stats['peak_bytes_in_use'])} (peak_bytes_in_use)"
-        params = sum(x.nbytes for x in jax.tree.leaves(self.model.params))
-        return f"{common.format_bytes(params)} params (no device memory stats on CPU)"
+            return float(stats["peak_bytes_in_use"])
+        return float(sum(x.nbytes for x in jax.tree.leaves(self.model.params)))
+
+    def memory_source(self) -> str:
+        stats = jax.devices()[0].memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            return "peak_bytes_in_use"
+        return "params only: no device memory stats on CPU"
 
 
 def main(argv=None) -> None:
@@ -227,7 +247,9 @@ def main(argv=None) -> None:
     seqs = tokenization.tokenize(tokenizer, texts, max_length=args.max_length)
     lengths = [len(s) for s in seqs]
     device = jax.devices()[0]
-    peak, peak_source = common.peak_flops(device, dtype=args.dtype)
+    peak, peak_source = args.peak_flops, "--peak-flops"
+    if not peak:
+        peak, peak_source = common.peak_flops(device, dtype=args.dtype)
     student = common.Student(spec=spec, flat=_flat_shapes(model.params))
     flops = common.model_flops(student, lengths, backward=False)
     buckets = sorted(
@@ -288,6 +310,8 @@ def main(argv=None) -> None:
         print(f"{encoder.name}_real_tokens_per_s={sum(lengths) / seconds:.1f}")
         print(f"{encoder.name}_mfu_real_tokens={flops / seconds / peak:.4f}")
         print(f"{encoder.name}_peak_memory={encoder.peak_memory()}")
+        if isinstance(encoder, JaxEncoder):
+            print(f"jax_peak_memory_bytes={encoder.peak_memory_bytes():.0f}")
         print(f"{encoder.name}_passages_per_s={rates[encoder.name]:.2f}")
     hours = PAPER_TEACHER_TEXTS / rates["jax"] / 3600
     print(f"jax_projected_teacher_hours={hours:.2f} ({PAPER_TEACHER_TEXTS} texts, one device)")

@@ -98,6 +98,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lengths", help="'filings' (real passages) or 'fixed:N' tokens")
     parser.add_argument("--max-length", type=int, help="token cap")
     parser.add_argument("--num-layers", type=int, help="keep the first N encoder layers")
+    parser.add_argument(
+        "--model",
+        choices=("minilm", *common.QWEN3_SHAPES),
+        help="architecture (default: the preset's; qwen3-tiny: CPU rehearsals)",
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=0.0,
+        help="FLOP/s that MFU divides by (0: data sheet, else measured)",
+    )
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype")
     parser.add_argument("--num-batches", type=int, help="distinct batches timed")
     parser.add_argument("--repeats", type=int, help="most timed rounds over the batches")
@@ -169,7 +180,7 @@ def build_student(args) -> tuple[common.Student, object]:
         student = common.load_minilm(num_layers=args.num_layers)
         tokenizer = tokenization.load_tokenizer(common.minilm_dir())
     else:
-        config = common.QWEN3_EMBEDDING_0_6B
+        config = common.QWEN3_SHAPES[args.model]
         if args.num_layers:
             config = dataclasses.replace(config, num_hidden_layers=args.num_layers)
         student = common.random_qwen3(config, seed=args.seed)
@@ -370,19 +381,24 @@ class JaxRunner:
         jax.block_until_ready((self.state, metrics))
         return metrics["train/loss"]
 
-    def peak_memory(self) -> str:
+    def peak_memory(self) -> tuple[float, str]:
+        """(bytes, what they are): the device's peak, or on a CPU XLA's buffer assignment of the
+        longest batch's step."""
         stats = self.device.memory_stats()
         if stats and "peak_bytes_in_use" in stats:
-            return f"{common.format_bytes(stats['peak_bytes_in_use'])} (peak_bytes_in_use)"
-        longest = max(self.batches, key=token_slots)
-        analysis = self.train_fn.lower(self.state, longest).compile().memory_analysis()
+            return float(stats["peak_bytes_in_use"]), "peak_bytes_in_use"
+        longest = self._shape_key(max(self.batches, key=token_slots))
+        executable = self.executables.get(longest)
+        if executable is None:
+            executable = self.train_fn.lower(self.state, self.batches[0]).compile()
+        analysis = executable.memory_analysis()
         used = (
             analysis.argument_size_in_bytes
             + analysis.output_size_in_bytes
             - analysis.alias_size_in_bytes
             + analysis.temp_size_in_bytes
         )
-        return f"{common.format_bytes(used)} (XLA buffer assignment, longest batch)"
+        return float(used), "XLA buffer assignment, longest batch"
 
 
 # ----------------------------------------------------------------------------- PyTorch
@@ -454,11 +470,10 @@ class TorchRunner:
             torch.cuda.synchronize()
         return loss.detach()
 
-    def peak_memory(self) -> str:
+    def peak_memory(self) -> tuple[float, str]:
         if not self.on_gpu:
-            return "n/a on CPU"
-        used = self.torch.cuda.max_memory_allocated()
-        return f"{common.format_bytes(used)} (max_memory_allocated)"
+            return float("nan"), "n/a on CPU"
+        return float(self.torch.cuda.max_memory_allocated()), "max_memory_allocated"
 
 
 # ----------------------------------------------------------------------------- report
@@ -478,7 +493,9 @@ def summarise(name, result, batches, student, peak) -> float:
     print(f"{name}_process_cpu_s_per_step={cpu_seconds / len(batches):.4f}")
     print(f"{name}_real_tokens_per_s={sum(lengths) / seconds:.1f}")
     print(f"{name}_mfu_real_tokens={flops / seconds / peak:.4f}")
-    print(f"{name}_peak_memory={result['memory']}")
+    used, source = result["memory"]
+    print(f"{name}_peak_memory={common.format_bytes(used) if used == used else '-'} ({source})")
+    print(f"{name}_peak_memory_bytes={used:.0f}")
     print(f"{name}_seq_per_s={seq_per_s:.3f}")
     return seq_per_s
 
@@ -558,7 +575,9 @@ def main(argv=None) -> None:
     batches = [epoch[i] for i in picks]
     jax_batches = [jax_epoch[i] for i in picks]
     device = jax.devices()[0]
-    peak, peak_source = common.peak_flops(device, dtype=args.dtype)  # before anything else runs
+    peak, peak_source = args.peak_flops, "--peak-flops"
+    if not peak:
+        peak, peak_source = common.peak_flops(device, dtype=args.dtype)  # before anything else runs
     jax_runner = JaxRunner(args, student, jax_batches)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(jax_runner.compile_all)
