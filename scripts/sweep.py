@@ -20,7 +20,12 @@ mid-run steps (`<name>_at600`: its checkpoints are kept through `config.keep_per
 Finished points are also recorded under `--record` (default `docs/sweep/`, tracked in git): a run
 directory does not outlive its machine, a point takes hours on a CPU, so a later run (another
 machine, a fresh clone) restores the recorded points into `<output>/points/` and skips them. Their
-trained models are not recorded: `--test` on a restored point needs its model directory.
+trained models are not recorded: `--test` on a restored point needs its model directory. A point
+is restored only when its recorded config hash (the resolved config with the point's overrides
+and the evaluation arguments) and data hash (FinanceBench and the NumGap split) are this run's
+(`caliber_jax/provenance.py`); records older than these fields are restored and marked
+"restored, provenance unknown"; `--recompute` ignores every record. The table marks restored
+points, and the run ends with the points computed now and those restored.
 """
 
 import argparse
@@ -37,7 +42,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from stages import config_value, record_file, restore_records  # noqa: E402
+from stages import (  # noqa: E402
+    config_value,
+    record_file,
+    resolve_config,
+    restore_result,
+    stamp_result,
+)
+
+from caliber_jax import provenance  # noqa: E402
 
 FINANCEBENCH = REPO / "data/sample/financebench_open_source.jsonl.gz"
 
@@ -153,6 +166,62 @@ def pareto_front(points: Sequence[Mapping[str, Any]], *, x: str, y: str) -> list
     return [point["name"] for point in sorted(front, key=lambda point: point["scores"][x])]
 
 
+def point_hashes(
+    names: Sequence[str], common: list[str], common_eval: list[str], teacher_dir: str
+) -> dict[str, str]:
+    """The config hash of every point in `names` that this code can make: the teacher, a point
+    of a grid (its resolved config), or one derived from such a point (`<name>_at<step>`,
+    `<name>_w<alpha>`). A name no grid knows any more is left out."""
+    eval_args = [*common_eval, "--tasks=financebench,numgap"]
+    points = {point.name: point for grid in GRIDS.values() for point in grid}
+    bases: dict[str, dict] = {}
+
+    def base(name: str) -> dict:
+        if name not in bases:
+            config = resolve_config([*common, *points[name].overrides()]).to_dict()
+            bases[name] = {"train": config, "eval": eval_args}
+        return bases[name]
+
+    hashes = {}
+    for name in names:
+        head, _, tail = name.rpartition("_")
+        if name == "teacher":
+            row = {"teacher": teacher_dir, "eval": eval_args}
+        elif name in points:
+            row = base(name)
+        elif head in points and tail[:2] == "at" and tail[2:].isdigit():
+            row = {"of": base(head), "step": int(tail[2:])}
+        elif head in points and tail[:1] == "w":
+            row = {"of": base(head), "interpolate": float(tail[1:])}
+        else:
+            continue
+        hashes[name] = provenance.config_hash(row)
+    return hashes
+
+
+def restore_points(
+    record: Path | None, out: Path, hashes: Mapping[str, str], data: str
+) -> list[str]:
+    """Restores every recorded point (`points/<name>.json` with its `results/<name>.dev.json`)
+    that `out` lacks and whose recorded hashes are `hashes[name]` and `data`; returns their
+    names. A refused or unknown point gets one line."""
+    if record is None or not (record / "points").is_dir():
+        return []
+    restored = []
+    for path in sorted((record / "points").glob("*.json")):
+        name, target = path.stem, out / "points" / path.name
+        if target.exists():
+            continue
+        if name not in hashes:
+            print(f"sweep: {name} not restored: no grid of this code makes that point", flush=True)
+            continue
+        if restore_result(target, out, record, config=hashes[name], data=data, who="sweep"):
+            dev = out / "results" / f"{name}.dev.json"
+            restore_result(dev, out, record, config=hashes[name], data=data, who="sweep")
+            restored.append(name)
+    return restored
+
+
 def load_points(directory: Path) -> list[dict[str, Any]]:
     """Every finished point JSON under `directory`, sorted by name."""
     return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
@@ -187,7 +256,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for point in summary["points"]:
         name = point["name"]
-        cells = [f"**{name}**" if name in summary["pareto"] else name,
+        shown = name + provenance.mark(point)
+        cells = [f"**{shown}**" if name in summary["pareto"] else shown,
                  str(point["params"].get("steps", 0))]  # fmt: skip
         cells += [f"{point['scores'][key]:.4f}" if key in point["scores"] else "-"
                   for _, key in TABLE_COLUMNS]  # fmt: skip
@@ -301,6 +371,8 @@ def main() -> None:
     parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
                         help="directory (tracked) where finished points are recorded and "
                         "restored from; '' = off")  # fmt: skip
+    parser.add_argument("--recompute", action="store_true",
+                        help="ignore every record: compute each point again")  # fmt: skip
     parser.add_argument("--checkpoints", default="", help="comma list of mid-run steps to also "
                         "score for every trained point (<name>_at<step>)")  # fmt: skip
     parser.add_argument("--interpolate", default="", help="comma list of alphas: also score "
@@ -330,9 +402,14 @@ def main() -> None:
                    f"--max_length={args.eval_max_length}"]  # fmt: skip
     points_dir = out / "points"
     record = Path(args.record).resolve() if args.record else None
-    if record is not None:
-        for name in restore_records(record, out):
-            print(f"sweep: {name} restored from {record}", flush=True)
+    restore_from = None if args.recompute else record  # --recompute: records written, not read
+    financebench = Path(args.financebench).resolve()
+    dev_data = provenance.data_hash([financebench, data / "numgap_dev.jsonl"])
+    test_data = provenance.data_hash([financebench, data / "numgap_test.jsonl"])
+    recorded = sorted(p.stem for p in restore_from.glob("points/*.json")) if restore_from else []
+    hashes = point_hashes(recorded, common, common_eval, teacher_dir)
+    for name in restore_points(restore_from, out, hashes, dev_data):
+        print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in filter(None, args.grid.split(",")) for point in GRIDS[name]]
     if args.points:
@@ -346,9 +423,12 @@ def main() -> None:
             model, name, data / "numgap_dev.jsonl", out / "results" / f"{name}.dev.json",
             common_eval, log,
         )  # fmt: skip
+        config = point_hashes([name], common, common_eval, teacher_dir)[name]
+        results = stamp_result(out / "results" / f"{name}.dev.json", config=config, data=dev_data)
         path = points_dir / f"{name}.json"
         write_json(path, {"name": name, "model": model, "params": params,
-                          "scores": scores(results), "times": times})  # fmt: skip
+                          "scores": scores(results), "times": times,
+                          provenance.KEY: results[provenance.KEY]})  # fmt: skip
         for recorded in (path, out / "results" / f"{name}.dev.json"):
             record_file(recorded, out, record)
         write_summary(summarise(load_points(points_dir)), out)
@@ -396,12 +476,15 @@ def main() -> None:
         # FinanceBench does not depend on the NumGap split: only NumGap is re-scored on test.
         point = json.loads((points_dir / f"{name}.json").read_text())
         target = out / "results" / f"{name}.test.json"
+        config = point_hashes([name], common, common_eval, teacher_dir).get(name, "")
+        restore_result(target, out, restore_from, config=config, data=test_data, who="sweep")
         if not target.exists() and not Path(point["model"]).exists():
             sys.exit(f"error: {points_dir / (name + '.json')}: model {point['model']} is gone "
                      "(a restored point?); delete its record and JSON to retrain")  # fmt: skip
         if not target.exists():
             evaluate_model(point["model"], name, data / "numgap_test.jsonl", target, common_eval,
                            log, tasks="numgap")  # fmt: skip
+            stamp_result(target, config=config, data=test_data)
         record_file(target, out, record)
         print(f"sweep: {name} test scores in {target}", flush=True)
         test = scores(json.loads(target.read_text()))
@@ -418,6 +501,9 @@ def main() -> None:
     for point in summary["points"]:
         s = point["scores"]
         print(f"{point['name']:55s} D={s['D/overall']:.4f} nDCG@10={s['fb/ndcg_at_10']:.4f}")
+    points = {point["name"]: point for point in summary["points"]}
+    for line in provenance.summary_lines(points, prefix="sweep"):
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 INLINE = re.compile(r"`([^`\n]+)`")
 MODULE = re.compile(r"python3? -m (caliber_jax(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 FIELD = re.compile(r"--config\.([A-Za-z_][A-Za-z0-9_.]*[A-Za-z0-9_])")
-CONFIG_FILE = re.compile(r"--config[= ]+['\"]?(?:\$\w+/|\./)?(configs/[A-Za-z0-9_]+\.py)(?::(\w+))?")
+CONFIG_FILE = re.compile(
+    r"--config[= ]+['\"]?(?:\$\w+/|\./)?(configs/[A-Za-z0-9_]+\.py)(?::(\w+))?"
+)
 
 
 def _commands() -> list[tuple[str, int, str]]:
@@ -65,8 +67,8 @@ def _has(config, field: str) -> bool:
 
 @pytest.fixture(scope="module")
 def every_config():
-    return {path.name: _load_config(f"configs/{path.name}", None)
-            for path in sorted((REPO / "configs").glob("*.py")) if path.name != "__init__.py"}  # fmt: skip
+    paths = [path for path in sorted((REPO / "configs").glob("*.py")) if path.stem != "__init__"]
+    return {path.name: _load_config(f"configs/{path.name}", None) for path in paths}
 
 
 def test_the_docs_have_commands_to_check():

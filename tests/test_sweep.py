@@ -131,11 +131,12 @@ def test_numeric_preset_trains_the_recorded_recipe_point(sweep):
         assert node[leaf] == type(node[leaf])(value), (key, node[leaf], value)
 
 
-def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path):
+def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path, capsys):
     out, record = tmp_path / "out", tmp_path / "record"
+    block = sweep.provenance.stamp(config="c" * 16, data="d" * 16)
     finished = out / "points" / "a.json"
-    sweep.write_json(finished, point("a", 0.1, 0.5))
-    sweep.write_json(out / "results" / "a.dev.json", {"label": "a"})
+    sweep.write_json(finished, {**point("a", 0.1, 0.5), "provenance": block})
+    sweep.write_json(out / "results" / "a.dev.json", {"label": "a", "provenance": block})
     for path in (finished, out / "results" / "a.dev.json", out / "missing.json"):
         sweep.record_file(path, out, record)
     assert json.loads((record / "points" / "a.json").read_text())["name"] == "a"
@@ -145,12 +146,48 @@ def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path
     fresh = tmp_path / "fresh"
     sweep.write_json(fresh / "points" / "b.json", point("b", 0.2, 0.4))
     sweep.write_json(record / "points" / "b.json", point("b", 0.9, 0.9))  # a stale record
-    restored = sweep.restore_records(record, fresh)
-    assert restored == ["points/a.json", "results/a.dev.json"]
+    sweep.write_json(record / "points" / "gone.json", point("gone", 0.9, 0.9))  # no grid has it
+    # Another config hash for "a": nothing restored, one line each for "a" and "gone".
+    hashes = {"a": "x" * 16, "b": "c" * 16}
+    assert sweep.restore_points(record, fresh, hashes, "d" * 16) == []
+    said = capsys.readouterr().out.splitlines()
+    assert said == [
+        f"sweep: points/a.json not restored: config hash differs (recorded {'c' * 16} at commit "
+        f"{block['commit']}, this run {'x' * 16})",
+        "sweep: gone not restored: no grid of this code makes that point",
+    ]
+    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16) == ["a"]
     assert [p["name"] for p in sweep.load_points(fresh / "points")] == ["a", "b"]
     assert sweep.load_points(fresh / "points")[1]["scores"]["D/overall"] == 0.2  # not overwritten
-    assert sweep.restore_records(record, fresh) == []
-    assert sweep.restore_records(tmp_path / "no-record", fresh) == []
+    dev = json.loads((fresh / "results" / "a.dev.json").read_text())
+    assert dev["provenance"]["restored"] is True
+    # The table says which point was restored, from which commit.
+    table = sweep.format_table(sweep.summarise(sweep.load_points(fresh / "points")))
+    assert f"| **a (restored @{block['commit']})** |" in table and "| **b** |" in table
+    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16) == []
+    assert sweep.restore_points(tmp_path / "no-record", fresh, hashes, "d" * 16) == []
+
+
+def test_point_hashes_follow_the_resolved_config_not_the_run_folder(sweep, tmp_path):
+    """A point's config hash is its resolved config's (the grid's overrides on the config file)
+    and the evaluation arguments', with paths by name: the same in any run folder, different
+    for another lr; derived points hash with their base point and step or blend."""
+    grid_point = sweep.GRIDS["paper"][0]
+    names = ["teacher", grid_point.name, f"{grid_point.name}_at50", f"{grid_point.name}_w0.5",
+             "no_such_point"]  # fmt: skip
+    config = f"--config={REPO / 'configs/numeric.py'}"
+
+    def hashes(folder: str, *overrides: str) -> dict[str, str]:
+        common = [config, f"--config.data.dir={tmp_path / folder / 'data'}", *overrides]
+        common_eval = [f"--financebench={tmp_path / folder / 'fb.jsonl.gz'}", "--max_length=128"]
+        return sweep.point_hashes(names, common, common_eval, str(tmp_path / folder / "teacher"))
+
+    first = hashes("one")
+    assert sorted(first) == sorted(names[:4]) and len(set(first.values())) == 4
+    assert hashes("two") == first  # another machine's run folder
+    other = hashes("one", "--config.optim.warmup_frac=0.2")
+    assert other["teacher"] == first["teacher"]
+    assert all(other[name] != first[name] for name in names[1:4])
 
 
 def test_derived_points_and_keep_period(sweep):
