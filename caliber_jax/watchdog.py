@@ -31,9 +31,10 @@ class StepWatchdog:
         and during a `phase`.
       clock: seconds, monotonic (tests pass a fake one).
       poll_seconds: how often the thread looks.
-      grace_seconds: after the dump, wait this long before exiting, so the other processes of a
-        run (stalled at the same step) reach their own limit and dump too before a launcher
-        that stops every process on the first failure kills them.
+      grace_seconds: after the dump, wait this long before exiting (None: a tenth of the limit,
+        at least 5 s), so the other processes of a run, stalled at the same step with limits of
+        their own, dump too before a launcher that stops every process on the first failure
+        kills them.
       exit_fn: ends the process (tests replace it); `os._exit`, since a stalled main thread
         never returns to run `sys.exit`'s cleanup.
     """
@@ -45,7 +46,7 @@ class StepWatchdog:
         min_seconds: float,
         clock: Callable[[], float] = time.monotonic,
         poll_seconds: float = 1.0,
-        grace_seconds: float = 5.0,
+        grace_seconds: float | None = None,
         exit_fn: Callable[[int], None] = os._exit,
     ):
         if factor < 0 or min_seconds <= 0:
@@ -133,6 +134,7 @@ class StepWatchdog:
         )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-        if self._stop.wait(self._grace):
+        grace = self._grace if self._grace is not None else max(5.0, 0.1 * self.limit())
+        if self._stop.wait(grace):
             return  # the run ended during the grace period after all
         self._exit(EXIT_STALLED)

@@ -2,9 +2,11 @@
 
 Every run goes through `launch/local_multiprocess.sh` (2 JAX processes x 2 CPU devices, gloo
 collectives on localhost), as users run it. Each wait has a timeout that kills the whole process
-group, so a deadlock fails the test instead of hanging CI.
+group, so a deadlock fails the test instead of hanging CI; before that, every process writes the
+stacks of all its threads into the log (faulthandler, on SIGABRT).
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -44,7 +46,9 @@ class Launch:
 
     def __init__(self, num: int, *command: str, devices: int, log: Path):
         self.log = log
-        env = dict(os.environ, LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1")
+        # PYTHONFAULTHANDLER: a SIGABRT (`dump_stacks`) writes every thread's Python stack.
+        env = dict(os.environ, LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
+                   PYTHONFAULTHANDLER="1")  # fmt: skip
         with open(log, "w") as handle:
             self.proc = subprocess.Popen(
                 ["bash", str(LAUNCHER), str(num), "--", *command],
@@ -64,11 +68,22 @@ class Launch:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             raise AssertionError(
-                f"timed out after {timeout} s (deadlock?):\n{self.tail()}"
+                f"timed out after {timeout} s (deadlock?); stacks of every process:\n"
+                f"{self.tail(30000)}"
             ) from None
+
+    def dump_stacks(self) -> None:
+        """Every process writes all its threads' stacks into the log (faulthandler on SIGABRT).
+        The launcher is stopped first: it would kill the others when the first one dies."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        for pid in self.pids().values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(3)
 
     def check(self, timeout: float = TIMEOUT_S) -> None:
         code = self.wait(timeout)
