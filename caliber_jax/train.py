@@ -324,6 +324,55 @@ class SigtermFlag:
         return self.raised
 
 
+def make_model_state(
+    config: ml_collections.ConfigDict,
+    spec: embedding.ModelSpec,
+    flat: dict[str, Any],
+    *,
+    mesh: jax.sharding.Mesh,
+    optimizer: Any,
+    scan_layers: bool,
+) -> tuple[nnx.GraphDef, dict[str, Any], Any, Any]:
+    """The student's graph, its params (in host memory), the `TrainState`'s abstract arrays
+    (`jax.ShapeDtypeStruct`s carrying their shardings), and `init_fn(params) -> TrainState`."""
+    # Weights stay in host memory until each device receives its own shard (put_sharded).
+    with jax.default_device(host_device()):
+        graphdef, params_state = embedding.split_model(
+            spec,
+            flat,
+            dtype=resolve_dtype(config.model.dtype),
+            remat=config.model.remat,
+            attention=config.model.attention,
+            scan_layers=scan_layers,
+        )
+    params = nnx.to_pure_dict(params_state)
+    # Params are born sharded: the state's layout comes from the rules in sharding.py.
+    abstract_state = jax.eval_shape(
+        lambda p: step.init_state(p, optimizer, seed=config.seed), params
+    )
+    state_shardings = sharding.param_shardings(mesh, abstract_state)
+    init_fn = jax.jit(
+        lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
+    )
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract_state,
+        state_shardings,
+    )
+    return graphdef, params, abstract, init_fn
+
+
+def make_eval_fn(graphdef, loss_args, weights, mesh, params_shardings):
+    """`eval_fn(params, global_batch) -> sums` of `step.eval_step` (see `evaluate`)."""
+    replicated = sharding.replicated(mesh)
+    eval_jit = jax.jit(
+        lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
+        in_shardings=(params_shardings, sharding.batch_sharding(mesh), replicated),
+        out_shardings=replicated,
+    )
+    return lambda params, batch: eval_jit(params, batch, weights)
+
+
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Runs (or resumes) training; returns the final summary metrics."""
     workdir = paths.as_path(workdir)
@@ -367,27 +416,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             "config.data.pack_length: packed rows need model.attention='xla' (cuDNN's kernel "
             "takes right-padded rows); set data.pack_length=0 to use cudnn"
         )
-    # Weights stay in host memory until each device receives its own shard (put_sharded).
-    with jax.default_device(host_device()):
-        graphdef, params_state = embedding.split_model(
-            spec,
-            flat,
-            dtype=resolve_dtype(config.model.dtype),
-            remat=config.model.remat,
-            attention=config.model.attention,
-            scan_layers=path.scan_layers,
-        )
-    params = nnx.to_pure_dict(params_state)
-    del flat, params_state
-
-    # Params are born sharded: the state's layout comes from the rules in sharding.py.
-    abstract_state = jax.eval_shape(
-        lambda p: step.init_state(p, optimizer, seed=config.seed), params
+    graphdef, params, abstract, init_fn = make_model_state(
+        config, spec, flat, mesh=mesh, optimizer=optimizer, scan_layers=path.scan_layers
     )
-    state_shardings = sharding.param_shardings(mesh, abstract_state)
-    init_fn = jax.jit(
-        lambda p: step.init_state(p, optimizer, seed=config.seed), out_shardings=state_shardings
-    )
+    del flat
+    state_shardings = jax.tree.map(lambda a: a.sharding, abstract)
     loss_args = dict(
         reduction=config.loss.reduction,
         objective=config.loss.get("objective", "caliber"),
@@ -397,8 +430,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
-    replicated = sharding.replicated(mesh)
-    weights = jax.device_put(weights, replicated)
+    weights = jax.device_put(weights, sharding.replicated(mesh))
     train_fn = training_path.make_train_step(
         path,
         graphdef=graphdef,
@@ -410,12 +442,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         state_shardings=state_shardings,
         pooled_shape=(2 * config.batch_size, spec.config.width),
     )
-    eval_jit = jax.jit(
-        lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
-        in_shardings=(state_shardings.params, sharding.batch_sharding(mesh), replicated),
-        out_shardings=replicated,
-    )
-    eval_fn = lambda p, b: eval_jit(p, b, weights)  # noqa: E731
+    eval_fn = make_eval_fn(graphdef, loss_args, weights, mesh, state_shardings.params)
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
     max_length = config.data.max_length
@@ -430,11 +457,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every,
         keep_period=config.keep_period,
-    )
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract_state,
-        state_shardings,
     )
     # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
     if manager.latest_step() is not None:
