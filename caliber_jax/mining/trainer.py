@@ -16,6 +16,7 @@ from typing import Any
 import grain
 import jax
 import numpy as np
+import optax
 from flax import nnx
 
 from caliber_jax import checkpoint, optim, sharding, step, tokenization
@@ -132,6 +133,39 @@ def write_resolved_config(
     )
 
 
+def make_optimizer(
+    optim_config: dict[str, Any], *, micro_steps: int
+) -> tuple[int, optax.GradientTransformation, Callable[[jax.Array], jax.Array]]:
+    """The optimizer and the logged-lr schedule for `micro_steps` micro-batches.
+
+    With `accum_steps = A > 1`, `optax.MultiSteps` applies one update per A micro-batches and
+    the inner schedule counts those updates, so it is built over `micro_steps // A` updates
+    (warm-up and decay measured in updates, the decay ending at the last one); the schedule
+    returned for logging maps micro-batch s to the lr of its update, s // A, as `train.py`
+    does.
+
+    Returns:
+      (micro-batches to run: a whole number of updates, at least one; optimizer; schedule).
+    """
+    accum = optim_config["accum_steps"]
+    updates = max(1, micro_steps // accum)
+    optimizer = optim.make_optimizer(total_steps=updates, **optim_config)
+    update_schedule = optim.make_schedule(
+        lr=optim_config["lr"],
+        total_steps=updates,
+        warmup_frac=optim_config["warmup_frac"],
+        schedule=optim_config["schedule"],
+        cycles=optim_config["cycles"],
+        end_lr_frac=optim_config.get("end_lr_frac"),
+        epochs_per_cycle=optim_config.get("epochs_per_cycle"),
+    )
+
+    def schedule(micro_step: jax.Array) -> jax.Array:
+        return update_schedule(micro_step // accum)
+
+    return updates * accum, optimizer, schedule
+
+
 def train_triplets(
     triplets: Sequence[Triplet],
     val_triplets: Sequence[Triplet],
@@ -168,7 +202,8 @@ def train_triplets(
       max_length, query_max_length: token limits of chunks and queries.
       query_instruction: optional instruction prepended to queries (Qwen3 style).
       num_epochs: passes over `triplets` (fractions allowed).
-      max_steps: cap on the steps (0: none).
+      max_steps: cap on the micro-batch steps (0: none); with `optim_config["accum_steps"]`
+        = A, steps are rounded down to a multiple of A (at least A).
       margin, distance: alpha and d of `losses.triplet_loss`.
       optim_config: `optim.make_optimizer` kwargs except `total_steps`.
       seed: data order and state rng.
@@ -213,13 +248,8 @@ def train_triplets(
     steps = max(1, int(np.ceil(num_epochs * batches.per_epoch)))
     if max_steps:
         steps = min(steps, max_steps)
-    optimizer = optim.make_optimizer(total_steps=steps, **optim_config)
-    schedule = optim.make_schedule(
-        lr=optim_config["lr"],
-        total_steps=steps,
-        warmup_frac=optim_config["warmup_frac"],
-        schedule=optim_config["schedule"],
-    )
+    # Micro-batches; with gradient accumulation rounded down to whole updates.
+    steps, optimizer, schedule = make_optimizer(optim_config, micro_steps=steps)
 
     mesh = sharding.make_mesh()
     sharding.check_batch_size(batch_size, mesh)

@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 
 from caliber_jax import export
@@ -84,3 +85,59 @@ def test_triplet_training_learns_resumes_and_exports(tmp_path, minilm_dir):
     base = Embedder.from_pretrained(minilm_dir, num_layers=1)
     texts = [t[1] for t in triplets[:2]]
     assert np.abs(student.encode(texts) - base.encode(texts)).max() > 1e-3
+
+
+def test_accumulated_updates_follow_the_schedule():
+    """With accum_steps=4, 32 micro-batches are 8 updates: warm-up (25%) is 2 updates and the
+    linear decay ends at the last one. The applied learning rate is read off the parameter
+    change of Adam under a constant gradient (|update| = lr there)."""
+    config = dict(OPTIM, lr=1.0, warmup_frac=0.25, schedule="linear", clip_norm=0.0, accum_steps=4)
+    micro_steps, optimizer, schedule = trainer.make_optimizer(config, micro_steps=33)
+    assert micro_steps == 32  # whole updates only
+    params = {"w": np.zeros((2, 2), np.float32)}
+    state = optimizer.init(params)
+    update = jax.jit(optimizer.update)
+    applied, logged = [], []
+    for micro in range(micro_steps):
+        updates, state = update({"w": np.ones((2, 2), np.float32)}, state, params)
+        if micro % 4 == 3:
+            applied.append(-float(updates["w"][0, 0]))
+        logged.append(float(schedule(micro)))
+    expected = [0.0, 0.5, 1.0, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6]
+    np.testing.assert_allclose(applied, expected, atol=2e-5)  # float32 Adam moments
+    np.testing.assert_allclose(logged, np.repeat(expected, 4), atol=1e-6)
+    assert float(schedule(micro_steps)) == 0.0  # the decay's end value, one update later
+
+
+def test_triplet_training_with_accumulation_logs_the_update_lr(tmp_path, minilm_dir):
+    """8 micro-batches with accum_steps=2 are 4 updates; the lr logged with each micro-batch is
+    that of the update it belongs to."""
+    config = dict(OPTIM, lr=1e-3, warmup_frac=0.5, schedule="linear", accum_steps=2)
+    trainer.train_triplets(
+        _triplets(),
+        [],
+        workdir=tmp_path / "train",
+        init_dir=str(minilm_dir),
+        num_layers=1,
+        pooling=None,
+        dtype="float32",
+        batch_size=8,
+        max_length=16,
+        query_max_length=8,
+        query_instruction=None,
+        num_epochs=8.0,
+        max_steps=0,
+        margin=0.5,
+        distance="cosine",
+        optim_config=config,
+        seed=0,
+        checkpoint_every=100,
+        log_every=1,
+        log_fn=lambda m: None,
+    )
+    logged = [
+        json.loads(line)["train/lr"]
+        for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
+    # Updates 0..3 run at 0, 1/2, 1, 1/2 of lr (warm-up 2, linear decay to 0 at update 4).
+    np.testing.assert_allclose(logged, np.repeat([0.0, 5e-4, 1e-3, 5e-4], 2), atol=1e-9)
