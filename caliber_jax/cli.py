@@ -189,8 +189,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     except (AttributeError, KeyError, TypeError, ValueError) as error:
         if "--traceback" in argv:
             raise
-        detail = error.args[0] if error.args else error
-        message = f"command line: invalid config override or flag value: {detail}"
+        # ml_collections wraps a KeyError ("'lrr'\nDid you mean ...") in an AttributeError: its
+        # str() is the repr of the message, escapes and all. Unwrap to the text, on one line.
+        detail: Any = error
+        while isinstance(detail, BaseException) and detail.args:
+            detail = detail.args[0]
+        text = " ".join(line.strip() for line in str(detail).splitlines() if line.strip())
+        message = f"command line: invalid config override or flag value: {text}"
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
 

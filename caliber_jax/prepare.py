@@ -52,6 +52,7 @@ def prepare(
     max_val_passages: int = 0,
     numfine_items: int = 0,
     neighbour_k: int = 0,
+    queries: bool = False,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -64,9 +65,10 @@ def prepare(
     (0 = none) keep a seeded sample of each split. `neighbour_k` > 0 gives every training
     passage a "neighbour" field (`mine_neighbours`): the row in `train.jsonl` of a topical BM25
     neighbour, or null; and every validation passage a "train_neighbour" field, its neighbour
-    among the training passages (`mine_heldout_neighbours`), or null. `numfine_items` > 0 also
-    writes `numfine_test.jsonl`: NumFinE units (graded variants of one number) from the same held-out
-    documents.
+    among the training passages (`mine_heldout_neighbours`), or null. `queries` gives every
+    passage of both splits a "query" field (`make_queries`), a question about it or null.
+    `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
+    number) from the same held-out documents.
     """
     records = corpus.load_records(input_path, text_field=text_field)
     passages = list(
@@ -77,6 +79,13 @@ def prepare(
             exclude_eval_docs=not include_eval_docs,
         )
     )
+    if not passages:
+        raise ValueError(
+            f"{input_path}: no usable documents (no record has a '{text_field}' text that "
+            f"makes a passage of at least {min_chars} characters"
+            + ("" if include_eval_docs else " outside the evaluation filings")
+            + ")"
+        )
     admits = dict.fromkeys(perturb.CATEGORIES, 0)
     chosen = dict.fromkeys(perturb.CATEGORIES, 0)
     for passage in passages:
@@ -106,6 +115,11 @@ def prepare(
         # train.jsonl), so that validation scores the objective being trained.
         found = mine_heldout_neighbours(train_texts, [p["text"] for p in val], k=neighbour_k)
         val = [{**p, "train_neighbour": n} for p, n in zip(val, found, strict=True)]
+    if queries:
+        # A training question per passage (the query-geometry term, issue #37), from the offline
+        # generator of the mining pipeline: the passage's own numeric facts, no FinanceBench.
+        train = [{**p, "query": q} for p, q in zip(train, make_queries(train), strict=True)]
+        val = [{**p, "query": q} for p, q in zip(val, make_queries(val), strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if val:
         corpus.save_jsonl(output_dir / "val.jsonl", val)
@@ -186,6 +200,15 @@ def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -
     return found
 
 
+def make_queries(passages: Sequence[dict[str, Any]]) -> list[str | None]:
+    """A question per passage from `querygen.OfflineQueryGenerator` (a line item and period it
+    states, not the amount), or None when the passage states no numeric fact it can parse."""
+    from caliber_jax.mining import querygen
+
+    generated = querygen.OfflineQueryGenerator().generate(passages)
+    return [query for query, _ in generated]
+
+
 def mine_heldout_neighbours(
     train_texts: Sequence[str], texts: Sequence[str], *, k: int, max_jaccard: float = 0.5
 ) -> list[int | None]:
@@ -253,6 +276,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         max_val_passages=options.max_val_passages,
         numfine_items=options.numfine_items,
         neighbour_k=options.get("neighbour_k", 0),
+        queries=options.get("queries", False),
     )
 
 

@@ -243,3 +243,37 @@ def test_prepare_reads_and_writes_file_urls_and_remote_paths(tmp_path, monkeypat
         assert (written / name).read_bytes() == (tmp_path / "local" / name).read_bytes() or (
             name == "stats.json"
         )
+
+
+def _prepare_cli(tmp_path, *overrides):
+    repo = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, "-m", "caliber_jax.prepare", f"--config={repo / 'configs' / 'demo.py'}",
+         f"--config.data.dir={tmp_path / 'out'}", *overrides],
+        capture_output=True, text=True, check=False, cwd=repo, timeout=120,
+    )  # fmt: skip
+
+
+def test_cli_input_without_usable_documents_is_one_error_line(tmp_path):
+    """A corpus whose records are all too short (or an empty file) is a user error: one line
+    naming the file, exit 2, nothing written."""
+    source = tmp_path / "short.jsonl"
+    source.write_text(json.dumps({"doc_name": "x", "text": "Revenue was $5 million."}) + "\n")
+    result = _prepare_cli(tmp_path, f"--config.prepare.input={source}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: {source}: no usable documents (no record has a 'text' text that makes a passage "
+        "of at least 200 characters outside the evaluation filings)"
+    ]
+    assert result.stdout == "" and not (tmp_path / "out" / "stats.json").exists()
+
+
+def test_cli_config_typo_is_one_readable_line(tmp_path):
+    """A mistyped override prints ml_collections' suggestion as plain text on one line (not the
+    repr of a wrapped KeyError with its quotes and \\n escaped)."""
+    result = _prepare_cli(tmp_path, "--config.optim.lrr=1e-4")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: command line: invalid config override or flag value: 'lrr' "
+        'Did you mean "lr" instead of "lrr"?'
+    ]
