@@ -4,11 +4,12 @@
     python benchmarks/compile_real_shape.py --parts compile-scan-full,step-scan-full
     python benchmarks/compile_real_shape.py --num-layers 2 --max-length 64 --out /tmp/c.json
 
-The step is `step.train_step` of configs/caliber.py, jitted as `caliber_jax.train` jits it with
-`split_update` off (state donated; lambda and m as traced scalars): float32 master weights, bf16
-compute, AdamW with clipping, eq. 4. Its batch is the longest one an epoch of configs/caliber.py
-meets: B = 32 rows of max_length tokens and the compact pi(x) layout's P = 16 rows, built by the
-training loader (`pipeline.make_batch_fn`) from passages that tokenize past max_length.
+The step is the one `caliber_jax.train` builds for configs/caliber.py (`training_path.choose` and
+`make_train_step`: one program, state donated, lambda and m as traced scalars): float32 master
+weights, bf16 compute, AdamW with clipping, eq. 4. Its batch is the longest one an epoch of
+configs/caliber.py meets: B = 32 rows of max_length tokens and the compact pi(x) layout's P = 16
+rows, built by the training loader (`pipeline.make_batch_fn`) from passages that tokenize past
+max_length.
 
 Parts, each in its own subprocess (so `peak_rss_bytes`, the child's `ru_maxrss`, is that part's):
   compile-{unrolled,scan}-{none,full}: layers unrolled or as one `lax.scan`, remat off or "full";
@@ -69,6 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1, help="timed steps per step part")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per part")
     parser.add_argument("--force", action="store_true", help="rerun parts already in --out")
+    parser.add_argument(
+        "--min-available-gib",
+        type=float,
+        default=16.0,
+        help="a step part starts only with this much memory available (the machine is shared)",
+    )
     parser.add_argument("--run-part", help=argparse.SUPPRESS)  # the child's side
     return parser.parse_args(argv)
 
@@ -85,7 +92,7 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
     import numpy as np
     from flax import nnx
 
-    from caliber_jax import optim, step, tokenization
+    from caliber_jax import optim, sharding, step, tokenization, training_path
     from caliber_jax.data import pipeline
     from caliber_jax.models import embedding
 
@@ -128,7 +135,12 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
     )
     optimizer = optim.make_optimizer(total_steps=total, **config.optim)
     init = functools.partial(step.init_state, optimizer=optimizer, seed=config.seed)
-    state = jax.eval_shape(init, params) if abstract else jax.jit(init)(params)
+    mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
+    state_shardings = sharding.param_shardings(mesh, jax.eval_shape(init, params))
+    if abstract:
+        state = jax.eval_shape(init, params)
+    else:
+        state = jax.jit(init, out_shardings=state_shardings)(params)
     del params
     loss = config.loss
     loss_args = dict(
@@ -137,14 +149,28 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         perturb_weight=loss.get("perturb_weight", 1.0),
         structure_weight=loss.structure_weight,
     )
-    # As caliber_jax.train: lambda and m traced, the state donated.
-    jitted = jax.jit(
-        lambda s, b, w: step.train_step(
-            s, b, graphdef=graphdef, optimizer=optimizer, schedule=schedule, **loss_args, **w
-        ),
-        donate_argnums=0,
+    # The step caliber_jax.train builds for this config (lambda and m traced, state donated).
+    path = training_path.choose(
+        platform=jax.devices()[0].platform,
+        process_count=1,
+        local_devices=1,
+        pack_length=config.data.pack_length,
+        pert_rows_multiple=config.data.pert_rows_multiple,
+        grad_chunk_rows=config.get("grad_chunk_rows", 0),
+        grad_chunk_rows_on_accelerator=config.get("grad_chunk_rows_on_accelerator", False),
+        split_update=config.get("split_update", False),
+        compile_ahead=False,
+        scan_layers=scan,
     )
+    if path.step_form != "one_program":
+        raise ValueError(f"{args.config}: step {path.step_form}; this benchmark times one program")
     weights = {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
+    train_step = training_path.make_train_step(
+        path, graphdef=graphdef, optimizer=optimizer, schedule=schedule, loss_args=loss_args,
+        weights=weights, mesh=mesh, state_shardings=state_shardings,
+        pooled_shape=(2 * config.batch_size, model_config.hidden_size),
+    )  # fmt: skip
+    jitted = train_step.jitted
     batch = longest_batch(config, spec.out_dim or model_config.hidden_size, tokenization, pipeline)
     if abstract:
         batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
@@ -263,6 +289,14 @@ def run_part(args, name: str) -> dict:
 # ----------------------------------------------------------------------------- parent
 
 
+def available_gib() -> float:
+    """MemAvailable of /proc/meminfo, GiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return float("inf")
+
+
 def write_atomic(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -289,6 +323,10 @@ def main(argv=None) -> None:
     for name in parts:
         if "error" not in results["parts"].get(name, {"error": ""}) and not args.force:
             print(f"{name}: already in {out}, skipped", flush=True)
+            continue
+        available = available_gib()
+        if name.startswith("step-") and available < args.min_available_gib:
+            print(f"{name}: {available:.1f} GiB available < {args.min_available_gib}: not run")
             continue
         print(f"{name}: running (load {os.getloadavg()[0]:.2f})", flush=True)
         start = time.perf_counter()
