@@ -98,17 +98,23 @@ def restore_params(
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {directory}")
         path = manager.directory / str(step) / "state"
-    with ocp.PyTreeCheckpointer() as checkpointer:
-        metadata = checkpointer.metadata(path).item_metadata.tree
+    # The item's own handler, not a `Checkpointer`: a Checkpointer looks for the step's
+    # _CHECKPOINT_METADATA inside the item directory (`<step>/state`), where the manager never
+    # writes it, and logs a warning on every export.
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        metadata = handler.metadata(path).tree
         single = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
         target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), metadata["params"])}
         restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=single), target)
-        restored = checkpointer.restore(
+        restored = handler.restore(
             path,
             args=ocp.args.PyTreeRestore(
                 item=target, restore_args=restore_args, partial_restore=True
             ),
         )
+    finally:
+        handler.close()
     return jax.device_get(restored["params"]), step
 
 

@@ -173,3 +173,25 @@ def test_interpolate_rejects_alpha_outside_unit_interval(minilm_dir, tmp_path):
     workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3)
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):
         export(workdir, tmp_path / "hf", interpolate=1.5)
+
+
+def test_cli_export_prints_no_checkpoint_warning(minilm_dir, tmp_path):
+    """`python -m caliber_jax.export` reads the params with the item's handler: no absl warning
+    about a missing _CHECKPOINT_METADATA (a Checkpointer looked for it inside `<step>/state`)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workdir, _, flat = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.export", f"--workdir={workdir}",
+         f"--output={tmp_path / 'hf'}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "_CHECKPOINT_METADATA" not in result.stderr and "WARNING" not in result.stderr, (
+        result.stderr
+    )
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert len(exported) > 0 and (tmp_path / "hf" / "config.json").is_file()
