@@ -378,6 +378,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     workdir = paths.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
+    path = choose_path(config)  # first: a refused combination fails before any work
+    if jax.process_index() == 0:
+        print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     spec, flat = init_params(config)
     dim = spec.out_dim or spec.config.width
     tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
@@ -408,9 +411,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
-    path = choose_path(config)
-    if jax.process_index() == 0:
-        print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     if config.data.pack_length and config.model.attention == "cudnn":
         raise ValueError(
             "config.data.pack_length: packed rows need model.attention='xla' (cuDNN's kernel "
