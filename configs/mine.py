@@ -135,6 +135,37 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         financebench="",  # FinanceBench questions JSONL ("" skips; needs eval filings chunked)
         ngram=5,  # evidence overlap measured with shared word 5-grams
         min_fraction=1 / 3,  # section VI-B: overlaps <= 1/3 min(len c, len p) are "minor"
+        validation_6a=True,  # step 6a: judge bi-enc(i+1)'s top k on the validation documents
+    )
+
+    # Section IV-E after the last iteration: new InPars queries on the test documents, each
+    # (query, document) scored by the modified Hausdorff distance between bi-enc(i)'s and
+    # bi-enc(i+1)'s top k times relu(S - the nearer top-1 distance), the top 1/P judged in random
+    # batches by a judge other than the training judge until every metric's CI is at most
+    # `ci_width` wide; results per filing type (`doc_type`). Writes final_eval.json.
+    config.final_eval = dict(
+        enabled=False,
+        queries_per_doc=10,  # Q_test: InPars queries kept per test document
+        k=5,
+        top_k_corpus=50,  # K: D_test(q, K) from each model's top K test chunks
+        max_docs_per_query=0,  # cap on D_test(q, K) (0: none)
+        similarity=1.0,  # S (cosine distances: 1 keeps documents whose top 1 has cos > 0)
+        fraction_p=2,  # P: the top 1/P (query, document) pairs by score are sampled
+        ci_width=0.2,  # stop when every metric's CI is at most this wide ...
+        ci_level=0.95,
+        min_pairs=10,  # ... over at least this many judged pairs (or when pairs run out)
+        batch_pairs=4,  # pairs judged between two checks of the rule
+        distance="cosine",  # "cosine" | "euclidean"
+        seed=7,
+        judge=dict(
+            backend="embedding",  # "embedding" | "openai"; must differ from config.judge
+            model_dir="runs/models/all-mpnet-base-v2",  # scripts/fetch_mpnet.py
+            num_layers=None,
+            positive_quantile=0.5,
+            negative_quantile=0.95,
+            base_url="",  # openai: "" = config.llm.base_url
+            model="",  # openai: "" = config.llm.model
+        ),
     )
 
     if arg == "shared":  # docs/mining.md: two iterations on a subset of the shared filings
@@ -156,6 +187,42 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.max_steps = 25
         config.optim.lr = 5e-5
         config.eval.financebench = "../shared/data/financebench/financebench_open_source.jsonl"
+    elif arg in ("smollm2", "smollm2_offline"):
+        # docs/mining.md "Real LLM run": SmolLM2-135M-Instruct on a local llama.cpp server
+        # (scripts/llm_server.py) for queries and judging, or the offline backends at the same
+        # size; both end with the final evaluation judged by all-mpnet-base-v2.
+        config.data.filings = "../shared/data/financebench/filings.jsonl.gz"
+        config.data.eval_docs = False
+        config.data.max_docs = 8
+        config.data.max_chunks_per_doc = 30
+        config.chunk.seed = 3  # test: a 10-K and an earnings release (two filing types)
+        config.chunk.val_fraction = 0.2
+        config.chunk.test_fraction = 0.2
+        # Sized for a 2-core machine shared with other jobs: ~200 judge calls per iteration.
+        config.queries.chunks_per_doc = 6  # InPars: 6 generations per filing, the best kept
+        config.queries.per_doc = 1
+        config.queries.test_per_doc = 2
+        config.mining.max_docs_per_query = 1
+        config.mining.max_triples_per_group = 8
+        config.eval.max_docs_per_query = 1
+        config.train.batch_size = 8
+        config.train.max_steps = 12
+        config.optim.lr = 5e-5
+        config.final_eval.enabled = True
+        config.final_eval.queries_per_doc = 3
+        config.final_eval.batch_pairs = 2
+        config.final_eval.min_pairs = 4
+        if arg == "smollm2":
+            config.queries.backend = "openai"
+            config.judge.backend = "openai"
+            config.queries.synthetic_num = 4
+            config.queries.synthetic_max_prompts = 4
+            config.queries.synthetic_clusters = 3
+            config.llm.base_url = "http://127.0.0.1:8011/v1"
+            config.llm.model = "smollm2-135m-instruct"
+            config.llm.api_key_env = ""
+            config.llm.concurrency = 2
+            config.llm.timeout_seconds = 300.0
     elif arg == "llm":
         config.queries.backend = "openai"
         config.judge.backend = "openai"
@@ -174,5 +241,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.log_every = 1
         config.eval.financebench = ""
     elif arg:
-        raise ValueError(f"configs/mine.py: unknown variant {arg!r} (known: shared, llm, tiny)")
+        raise ValueError(
+            f"configs/mine.py: unknown variant {arg!r} "
+            "(known: shared, smollm2, smollm2_offline, llm, tiny)"
+        )
     return config

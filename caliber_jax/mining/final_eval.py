@@ -405,14 +405,15 @@ def final_evaluation(
 def summarize(
     base: Mapping[str, Sequence[float]], exp: Mapping[str, Sequence[float]], *, level: float
 ) -> dict[str, dict[str, float]]:
-    """`within_doc.compare` plus each side's confidence interval (`base_ci`, `exp_ci`)."""
+    """`within_doc.compare` plus each side's confidence interval (`base_ci`, `exp_ci`: [low,
+    high], None from a single value, so the JSON stays standard)."""
     if not next(iter(base.values()), []):
         return {}
     out = within_doc.compare(base, exp)
     for metric in out:
         for side, values in (("base", base[metric]), ("exp", exp[metric])):
             _, low, high = confidence_interval(values, level=level)
-            out[metric][f"{side}_ci"] = [low, high]
+            out[metric][f"{side}_ci"] = [low, high] if len(values) > 1 else None
     return out
 
 
