@@ -106,7 +106,12 @@ def decay_mask(params):
     return jax.tree.map(lambda param: jnp.ndim(param) >= 2, params)
 
 
-def make_optimizer(
+def make_optimizer(**kwargs) -> optax.GradientTransformation:
+    """The optimizer of `make_optimizer_and_schedule` (same arguments), without its schedule."""
+    return make_optimizer_and_schedule(**kwargs)[0]
+
+
+def make_optimizer_and_schedule(
     *,
     lr: float,
     weight_decay: float,
@@ -121,8 +126,9 @@ def make_optimizer(
     accum_steps: int,
     end_lr_frac: float | None = None,
     epochs_per_cycle: int | None = None,
-) -> optax.GradientTransformation:
-    """AdamW (decoupled decay, masked by `decay_mask`) on the schedule of `make_schedule`.
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (decoupled decay, masked by `decay_mask`) on the schedule of `make_schedule`, and
+    that schedule (one object: what a trainer logs as `train/lr` is what the optimizer applies).
 
     The chain is clip_by_global_norm(clip_norm) (skipped when clip_norm is None or 0) then
     AdamW, matching `torch.nn.utils.clip_grad_norm_` + `torch.optim.AdamW`. With
@@ -151,4 +157,4 @@ def make_optimizer(
     if accum_steps > 1:
         optimizer = optax.MultiSteps(optimizer, every_k_schedule=accum_steps)
         optimizer = optimizer.gradient_transformation()
-    return optimizer
+    return optimizer, learning_rate

@@ -396,18 +396,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
     accum = config.optim.accum_steps
     updates = max(1, steps // accum)
-    update_schedule = optim.make_schedule(
-        lr=config.optim.lr,
-        total_steps=updates,
-        warmup_frac=config.optim.warmup_frac,
-        schedule=config.optim.schedule,
-        cycles=config.optim.cycles,
+    # One schedule object: the logged train/lr is the one the optimizer applies.
+    optimizer, update_schedule = optim.make_optimizer_and_schedule(
+        total_steps=updates, **config.optim
     )
 
     def schedule(micro_step):
         return update_schedule(micro_step // accum)
-
-    optimizer = optim.make_optimizer(total_steps=updates, **config.optim)
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)

@@ -109,6 +109,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.warmup_frac = 0.05
     config.optim.schedule = "linear"
     config.optim.cycles = 1
+    # End of each decay as a fraction of lr. The paper (sec. 5.1) says "linear decay with 5%
+    # warmup": HF's get_linear_schedule_with_warmup, to 0. (The authors' released script floors
+    # it at 0.1 * lr, per optim.make_schedule: --config.optim.end_lr_frac=0.1.)
+    config.optim.end_lr_frac = 0.0
+    # "cyclic_linear" only: each cycle lowered in this many equal constant stages (LEAF's own
+    # recipe: 10, once per epoch; configs/leaf.py:paper); None = every step.
+    config.optim.epochs_per_cycle = ml_collections.config_dict.placeholder(int)
     config.optim.b1 = 0.9
     config.optim.b2 = 0.999
     config.optim.eps = 1e-8

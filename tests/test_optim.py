@@ -222,3 +222,52 @@ def test_optimizer_argument_errors():
         _optimizer(accum_steps=0)
     with pytest.raises(ValueError, match="clip_norm"):
         _optimizer(clip_norm=-1.0)
+
+
+def test_the_returned_schedule_is_the_one_the_optimizer_applies():
+    """`make_optimizer_and_schedule`: with a constant gradient and no decay on a 1-D param, each
+    Adam step moves it by lr_t / (1 + eps): the deltas are the returned schedule's values, floor
+    (`end_lr_frac`) included: what train.py logs as train/lr is what was applied."""
+    kwargs = dict(lr=1e-2, weight_decay=0.01, warmup_frac=0.2, total_steps=10, schedule="linear",
+                  cycles=1, b1=0.9, b2=0.999, eps=1e-8, clip_norm=None, accum_steps=1,
+                  end_lr_frac=0.1)  # fmt: skip
+    optimizer, schedule = optim.make_optimizer_and_schedule(**kwargs)
+    params = {"bias": jnp.zeros(3)}
+    state = optimizer.init(params)
+    deltas = []
+    for _ in range(10):
+        updates, state = optimizer.update({"bias": jnp.ones(3)}, state, params)
+        deltas.append(-float(updates["bias"][0]))
+        params = optax.apply_updates(params, updates)
+    # warm-up 2 steps (0, 0.5 lr), then linear from lr to 0.1 lr over 8 steps (hand values).
+    expected = [0.0, 5e-3] + [1e-2 * (1 - 0.9 * k / 8) for k in range(8)]
+    np.testing.assert_allclose(deltas, expected, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose([float(schedule(k)) for k in range(10)], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name", ["caliber", "leaf", "leaf:paper", "demo", "study", "study_mpnet", "numeric"]
+)
+def test_every_config_sets_the_whole_schedule(name):
+    """Each config's `optim` holds every schedule field (end_lr_frac and epochs_per_cycle
+    included, so `--config.optim.<field>` works with the locked config) and builds."""
+    import importlib
+
+    module, _, arg = name.partition(":")
+    config = importlib.import_module(f"configs.{module}").get_config(arg or None)
+    assert {"end_lr_frac", "epochs_per_cycle"} <= set(config.optim)
+    optimizer, schedule = optim.make_optimizer_and_schedule(total_steps=300, **config.optim)
+    assert optimizer is not None and float(schedule(299)) > 0
+
+
+def test_leaf_paper_variant_is_leafs_staircase():
+    """configs/leaf.py:paper: 3 cycles of 10 epochs, 1e-4 lowered to 1e-5 at the end of each
+    epoch (002 sec. 3.2), reset each cycle; 30 steps here = one step per epoch."""
+    from configs import leaf
+
+    config = leaf.get_config("paper")
+    assert config.num_epochs == 30 and config.loss.lam == 0.0
+    _, schedule = optim.make_optimizer_and_schedule(total_steps=30, **config.optim)
+    cycle = [1e-4 * (1 - 0.9 * k / 9) for k in range(10)]
+    np.testing.assert_allclose(_values(schedule, range(30)), cycle * 3, rtol=1e-6)
+    assert leaf.get_config().optim.schedule == "linear"  # the Caliber paper's LEAF baseline

@@ -176,15 +176,19 @@ def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
 
 
 def test_accumulation_counts_updates(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "acc", "--config.total_steps=4",
-                   "--config.optim.accum_steps=2", "--config.optim.warmup_frac=0.5")  # fmt: skip
+    """The logged lr is the optimizer's own schedule, counted in updates, with the config's
+    `end_lr_frac` (a schedule built apart from the optimizer once logged it without)."""
+    result = train(data_dir, tmp_path / "acc", "--config.total_steps=6",
+                   "--config.optim.accum_steps=2", "--config.optim.warmup_frac=0.34",
+                   "--config.optim.end_lr_frac=0.5")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [
         json.loads(line) for line in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()
     ]
     lrs = [line["train/lr"] for line in lines if "train/lr" in line]
-    # 4 micro-batches = 2 updates, warmup 1 update: lr 0, 0 (update 0), then 1e-3 (update 1).
-    np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3], atol=1e-9)
+    # 6 micro-batches = 3 updates, int(0.34 * 3) = 1 warm-up update: lr 0 (update 0), then the
+    # linear decay over the 2 others from 1e-3 to 0.5e-3 at the end: 1e-3, 1e-3 * (1 - 0.5 / 2).
+    np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3, 0.75e-3, 0.75e-3], atol=1e-9)
 
 
 @pytest.mark.parametrize("split", [True, False])

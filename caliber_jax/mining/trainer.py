@@ -149,15 +149,9 @@ def make_optimizer(
     """
     accum = optim_config["accum_steps"]
     updates = max(1, micro_steps // accum)
-    optimizer = optim.make_optimizer(total_steps=updates, **optim_config)
-    update_schedule = optim.make_schedule(
-        lr=optim_config["lr"],
-        total_steps=updates,
-        warmup_frac=optim_config["warmup_frac"],
-        schedule=optim_config["schedule"],
-        cycles=optim_config["cycles"],
-        end_lr_frac=optim_config.get("end_lr_frac"),
-        epochs_per_cycle=optim_config.get("epochs_per_cycle"),
+    # One schedule object: the logged lr is the one the optimizer applies.
+    optimizer, update_schedule = optim.make_optimizer_and_schedule(
+        total_steps=updates, **optim_config
     )
 
     def schedule(micro_step: jax.Array) -> jax.Array:
