@@ -1,0 +1,97 @@
+"""caliber_jax/provenance.py: hashes, the restore check, the marks, and the records under docs/."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+
+from caliber_jax import provenance
+
+REPO = Path(__file__).resolve().parents[1]
+FIELDS = ("commit", "config_hash", "data_hash", "machine", "date")
+
+
+def test_config_hash_counts_paths_by_name_and_every_value():
+    config = ml_collections.ConfigDict({"data": {"dir": "/run/a/data"}, "optim": {"lr": 1e-4}})
+    moved = ml_collections.ConfigDict({"data": {"dir": "/other/b/data"}, "optim": {"lr": 1e-4}})
+    assert provenance.config_hash(config) == provenance.config_hash(moved)
+    assert provenance.config_hash(config) == provenance.config_hash(config.to_dict())
+    config.optim.lr = 2e-4
+    assert provenance.config_hash(config) != provenance.config_hash(moved)
+    # Flags with paths: the same by name, another file name differs.
+    assert provenance.config_hash(["--numgap=/x/numgap_test.jsonl"]) == provenance.config_hash(
+        ["--numgap=/y/numgap_test.jsonl"]
+    )
+    assert provenance.config_hash(["--numgap=/x/numgap_dev.jsonl"]) != provenance.config_hash(
+        ["--numgap=/x/numgap_test.jsonl"]
+    )
+
+
+def test_data_hash_follows_the_bytes(tmp_path):
+    first, second = tmp_path / "a" / "numgap.jsonl", tmp_path / "b" / "numgap.jsonl"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text('{"id": 1}\n')
+    assert provenance.data_hash([first]) == provenance.data_hash([second, None])
+    second.write_text('{"id": 2}\n')
+    assert provenance.data_hash([first]) != provenance.data_hash([second])
+    assert provenance.data_hash([tmp_path / "missing.jsonl"]) != provenance.data_hash([first])
+
+
+def test_check_refuses_a_known_hash_that_differs_only():
+    block = {"commit": "abc", "config_hash": "c1", "data_hash": "d1"}
+    assert provenance.check({"provenance": block}, config="c1", data="d1") is None
+    assert "config hash differs" in provenance.check({"provenance": block}, config="c2", data="d1")
+    assert "data hash differs" in provenance.check({"provenance": block}, config="c1", data="d2")
+    unknown = {**block, "config_hash": "unknown", "data_hash": "unknown"}
+    assert provenance.check({"provenance": unknown}, config="c2", data="d2") is None
+    assert provenance.check({}, config="c2", data="d2") is None  # no block at all
+
+
+def test_marks_and_summary_lines():
+    computed = {"provenance": provenance.stamp(config="c", data="d")}
+    restored = {"provenance": provenance.restored(computed)}
+    row = {"provenance": {"numgap": computed["provenance"], "mrl": restored["provenance"]}}
+    commit = computed["provenance"]["commit"]
+    assert provenance.mark(computed) == ""
+    assert provenance.mark(restored) == f" (restored @{commit})"
+    assert provenance.mark(row) == f" (restored @{commit})"  # restored in part
+    lines = provenance.summary_lines({"A": computed, "B": restored, "C": {}}, prefix="x")
+    assert lines == ["x: computed now: A, C", f"x: restored from records: B (restored @{commit})"]
+    table = provenance.format_table({"A": computed, "B": row})
+    assert "| A |  | now |" in table and "| B | mrl | restored |" in table
+
+
+def test_git_commit_is_head_of_this_checkout():
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    assert provenance.git_commit().split("+")[0] == head
+
+
+def test_every_record_under_docs_carries_provenance(tmp_path):
+    """Each recorded result (studies and sweep) has the five fields; the records made before
+    them say so, restore, and are marked 'provenance unknown' with the commit that recorded
+    them."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from stages import restore_result
+
+    records = sorted(
+        path
+        for pattern in ("docs/study_mpnet*/results/**/*.json", "docs/sweep/**/*.json")
+        for path in REPO.glob(pattern)
+        if "/drift/" not in path.as_posix()
+    )
+    assert len(records) >= 80
+    for path in records:
+        block = json.loads(path.read_text()).get("provenance")
+        assert block and all(block.get(field) for field in FIELDS), path
+    record = REPO / "docs" / "sweep"
+    path = tmp_path / "points" / "teacher.json"
+    assert restore_result(path, tmp_path, record, config="c", data="d", who="test")
+    commit = json.loads((record / "points" / "teacher.json").read_text())["provenance"]["commit"]
+    assert commit != "unknown"
+    assert provenance.mark(json.loads(path.read_text())) == (
+        f" (restored @{commit}, provenance unknown)"
+    )
