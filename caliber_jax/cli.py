@@ -45,7 +45,11 @@ def enable_compilation_cache(cache_dir: str | None) -> None:
     """Turns on JAX's persistent compilation cache in `cache_dir` (None or "none": off).
 
     Every program is cached, however fast it compiled: on a CPU most step programs compile in a
-    few seconds, below JAX's default one-second-and-up threshold only in aggregate.
+    few seconds, below JAX's default one-second-and-up threshold only in aggregate. On a GPU, XLA's
+    autotuner keeps its per-fusion results in the same directory
+    (`xla_gpu_per_fusion_autotune_cache_dir/`), so a program that is not in the cache (a new
+    batch shape, another lambda or model depth) still skips timing the kernels it shares with one
+    that was; set here rather than left to JAX's default, which may change.
     """
     import jax
 
@@ -54,6 +58,9 @@ def enable_compilation_cache(cache_dir: str | None) -> None:
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update(
+        "jax_persistent_cache_enable_xla_caches", "xla_gpu_per_fusion_autotune_cache_dir"
+    )
 
 
 class CompileStats:
