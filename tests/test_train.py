@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_jax import checkpoint
+from caliber_jax import checkpoint, watchdog
 from caliber_jax.data import pipeline
 from caliber_jax.models import embedding
 from configs.demo import minilm_dir
@@ -115,6 +115,17 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
     assert not (workdir / "summary.json").exists()
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and 0 < max(steps) < 400
+
+
+def test_watchdog_ends_a_run_whose_step_overruns(data_dir, tmp_path):
+    """config.watchdog_*: a first step (its compile included) longer than factor x min_s is a
+    stall: every thread's stack on stderr and status 124 (watchdog.EXIT_STALLED), not a hang."""
+    result = train(data_dir, tmp_path / "stall", "--config.watchdog_factor=1",
+                   "--config.watchdog_min_s=0.2")  # fmt: skip
+    assert result.returncode == watchdog.EXIT_STALLED, result.stderr[-3000:]
+    assert "watchdog: " in result.stderr and "after the start" in result.stderr
+    assert "in _loop" in result.stderr  # faulthandler's frame of the training thread
+    assert not (tmp_path / "stall" / "summary.json").exists()
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
