@@ -12,13 +12,14 @@ rows, built by the training loader (`pipeline.make_batch_fn`) from passages that
 max_length.
 
 Parts, each in its own subprocess (so `peak_rss_bytes`, the child's `ru_maxrss`, is that part's):
-  compile-{unrolled,scan}-{none,full}: layers unrolled or as one `lax.scan`, remat off or "full";
+  compile-{unrolled,scan}-{none,full,dots}: layers unrolled or as one `lax.scan`, remat off,
+    "full" or "dots" (`layers.REMAT_POLICIES`);
     abstract weights (nothing allocated): seconds in `jit(...).trace`, `.lower()`, `.compile()`,
     the StableHLO's size (characters, ops), the optimised HLO's instruction count and XLA's
     buffer assignment (`memory_analysis`: the step's arguments, outputs and temporaries).
-  step-{unrolled,scan}-{none,full}: random weights, the state built on the device, compiled, then
-    `--steps` steps timed one by one (the first includes nothing but the step: it is compiled
-    ahead), and the peak RSS of the whole process.
+  step-{unrolled,scan}-{none,full,dots}: random weights, the state built on the device,
+    compiled, then `--steps` steps timed one by one (the first includes nothing but the step: it
+    is compiled ahead), and the peak RSS of the whole process.
 Results go to `--out` as one JSON object (written atomically after each part); a part already
 there is skipped, so an interrupted run resumes where it stopped (`--force` reruns). No
 persistent compilation cache is used.
@@ -43,7 +44,7 @@ ALL_PARTS = tuple(
     f"{kind}-{layout}-{remat}"
     for kind in ("compile", "step")
     for layout in ("unrolled", "scan")
-    for remat in ("none", "full")
+    for remat in ("none", "full", "dots")
 )
 # What a full run measures: every compile, and the step at the settings that fit 24 GiB.
 DEFAULT_PARTS = (
