@@ -1,11 +1,13 @@
-"""Teacher vectors for every passage x and perturbation pi(x), MRL-truncated to the student's dim.
+"""Teacher vectors for every passage x and perturbation pi(x) (and training query q, when the
+passages have them), MRL-truncated to the student's dim.
 
     python -m caliber_jax.embed_teacher --config configs/caliber.py
     python -m caliber_jax.embed_teacher --config configs/caliber.py \
         --import_x=x.npy --import_px=px.npy --split=train          # vectors computed elsewhere
 
-Writes `<data.dir>/teacher_<split>/{x,px}` TensorStore arrays with metadata. Resumable: a killed
-job continues with the chunks it had not finished. Multi-host: each process writes its own rows.
+Writes `<data.dir>/teacher_<split>/{x,px[,q]}` TensorStore arrays with metadata. Resumable: a
+killed job continues with the chunks it had not finished. Multi-host: each process writes its own
+rows.
 """
 
 import sys
@@ -77,8 +79,10 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
         )
 
     written = []
-    for name, rows in (("x", texts), ("px", perturbed)):
-        if name == "px" and not any(rows):
+    # Training queries (field "query", `prepare.make_queries`) get a third store, "q".
+    queries = pipeline.load_queries(passages) or []
+    for name, rows in (("x", texts), ("px", perturbed), ("q", queries)):
+        if name != "x" and not any(rows):
             continue
         teacher.embed_to_store(
             encode_fn,

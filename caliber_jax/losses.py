@@ -344,3 +344,46 @@ def triplet_loss(
         "accuracy": _weighted_mean((d_pos < d_neg).astype(jnp.float32), weights),
     }
     return _weighted_mean(hinge, weights), parts
+
+
+def query_geometry_loss(
+    s_q: jax.Array,
+    t_q: jax.Array,
+    s_p: jax.Array,
+    t_p: jax.Array,
+    q_valid: jax.Array,
+    p_valid: jax.Array,
+) -> jax.Array:
+    """Query-passage geometry preservation (issue #37), one value per query, `[Q]` float32.
+
+    For query q: the mean over the present passages p of (cos(s q, s p) - cos(t q, t p))^2. With
+    the batch's x and pi(x) as the passages, the student may move a passage (separate pi(x) from
+    x) only in directions that leave its similarity to queries as the teacher has it: what
+    retrieval reads. Rows that are not present (`q_valid`, `p_valid` false) are zeroed before any
+    arithmetic, so NaN there reaches neither the value nor the gradient; a query without any
+    present passage, or not present itself, gets 0.
+
+    Args:
+      s_q, t_q: `[Q, D]` student and teacher vectors of the queries.
+      s_p, t_p: `[P, D]` student and teacher vectors of the passages.
+      q_valid: `[Q]` bool, the queries that count.
+      p_valid: `[P]` bool, the passages that count.
+    """
+    if s_q.ndim != 2 or s_q.shape != t_q.shape or s_p.shape != t_p.shape:
+        raise ValueError(
+            f"expected [Q, D] queries and [P, D] passages, got s_q {s_q.shape}, t_q {t_q.shape}, "
+            f"s_p {s_p.shape}, t_p {t_p.shape}"
+        )
+    if q_valid.shape != s_q.shape[:1] or p_valid.shape != s_p.shape[:1]:
+        raise ValueError(f"q_valid {q_valid.shape} / p_valid {p_valid.shape} do not match")
+    q_valid, p_valid = q_valid.astype(bool), p_valid.astype(bool)
+
+    def unit(x: jax.Array, valid: jax.Array) -> jax.Array:
+        x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+        return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
+
+    s_sim = unit(s_q, q_valid) @ unit(s_p, p_valid).T
+    t_sim = unit(t_q, q_valid) @ unit(t_p, p_valid).T
+    pairs = (q_valid[:, None] & p_valid[None, :]).astype(jnp.float32)
+    squared = jnp.square(s_sim - t_sim) * pairs
+    return squared.sum(1) / jnp.maximum(pairs.sum(1), 1.0)

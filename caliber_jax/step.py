@@ -90,9 +90,19 @@ def loss_fn(
     graphdef: nnx.GraphDef,
     **loss_args: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The objective of one batch: `embed_pairs`, then `vectors_loss` (`loss_args` are its)."""
+    """The objective of one batch: `embed_pairs`, then `vectors_loss` (`loss_args` are its).
+
+    With `query_weight` > 0 the batch's training queries (`query_input_ids`, one per row, see
+    `pipeline.make_loader`) run through the student too, for the query-geometry term.
+    """
     s_x, s_px = embed_pairs(graphdef, params, batch)
-    return vectors_loss(s_x, s_px, batch, **loss_args)
+    s_q = None
+    if loss_args.get("query_weight"):
+        if "query_input_ids" not in batch:
+            raise ValueError("loss.query_weight > 0 needs training queries (prepare.queries)")
+        model = nnx.merge(graphdef, params)
+        s_q = model(batch["query_input_ids"], batch["query_attention_mask"])
+    return vectors_loss(s_x, s_px, batch, s_q=s_q, **loss_args)
 
 
 def vectors_loss(
@@ -106,12 +116,54 @@ def vectors_loss(
     objective: str = "caliber",
     perturb_weight: float = 1.0,
     structure_weight: float = 0.0,
+    query_weight: float = 0.0,
+    s_q: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
 
     Eq. 4 (`losses.caliber_loss`), or with another `objective`, `perturb_weight` or
-    `structure_weight` the issue #16 objectives of `losses.calibration_loss`.
+    `structure_weight` the issue #16 objectives of `losses.calibration_loss`; plus, with
+    `query_weight` > 0, `query_weight` times `losses.query_geometry_loss` of the student's query
+    vectors `s_q` [B, E] against every x and pi(x) of the batch (part "query": its mean over the
+    rows with a query).
     """
+    loss, parts = _pair_loss(
+        s_x, s_px, batch, lam=lam, margin=margin, reduction=reduction, objective=objective,
+        perturb_weight=perturb_weight, structure_weight=structure_weight,
+    )  # fmt: skip
+    if not query_weight:
+        return loss, parts
+    if s_q is None:
+        raise ValueError("query_weight > 0 needs the student's query vectors s_q")
+    weights = batch["weight"].astype(jnp.float32)
+    has_q = batch["has_q"].astype(bool) & (weights > 0)
+    passages_valid = jnp.concatenate([weights > 0, batch["has_pert"].astype(bool) & (weights > 0)])
+    per_query = losses.query_geometry_loss(
+        s_q,
+        batch["teacher_q"],
+        jnp.concatenate([s_x, s_px]),
+        jnp.concatenate([batch["teacher_x"], batch["teacher_px"]]),
+        has_q,
+        passages_valid,
+    )
+    q_weights = weights * has_q
+    query = jnp.sum(q_weights * per_query) / jnp.maximum(jnp.sum(q_weights), 1e-12)
+    return loss + query_weight * query, {**parts, "query": query}
+
+
+def _pair_loss(
+    s_x: jax.Array,
+    s_px: jax.Array,
+    batch: dict[str, jax.Array],
+    *,
+    lam: float,
+    margin: float,
+    reduction: str,
+    objective: str,
+    perturb_weight: float,
+    structure_weight: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`vectors_loss` without the query term: eq. 4 or `losses.calibration_loss`."""
     if objective != "caliber" or perturb_weight != 1.0 or structure_weight:
         # Issue #16 objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
         return losses.calibration_loss(
@@ -333,6 +385,7 @@ EVAL_PART_ROWS = {
     "num": "term_rows",
     "hinge_active_frac": "term_rows",
     "sim_nb": "term_rows",
+    "query": "query_rows",
 }
 
 
@@ -352,6 +405,8 @@ def eval_step(
     if loss_args.get("objective") == "neighbour":
         term = pert * batch.get("has_nb", jnp.zeros_like(batch["has_pert"]))
     counts = {"rows": jnp.sum(weight), "pert_rows": jnp.sum(pert), "term_rows": jnp.sum(term)}
+    if "has_q" in batch:
+        counts["query_rows"] = jnp.sum(weight * batch["has_q"])
     sums = {k: v * counts[EVAL_PART_ROWS.get(k, "rows")] for k, v in parts.items()}
     return {"loss": loss * counts["rows"], **sums, **counts}
 

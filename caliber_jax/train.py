@@ -82,7 +82,9 @@ def make_source(
     """A split's rows; `neighbour_source` (the training split) resolves a validation split's
     "train_neighbour" rows (`prepare.mine_heldout_neighbours`)."""
     passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
-    for path in (passages, teacher_x):
+    # The training queries' store (`embed_teacher`), read only when the query term is on.
+    teacher_q = teacher_x.parent / "q" if config.loss.get("query_weight", 0.0) else None
+    for path in (passages, teacher_x, *([teacher_q] if teacher_q else [])):
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: missing; run `python -m caliber_jax.prepare` and "
@@ -94,6 +96,7 @@ def make_source(
         teacher_px_path=teacher_px,
         dim=dim,
         neighbour_source=neighbour_source,
+        teacher_q_path=teacher_q,
     )
 
 
@@ -138,6 +141,7 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         ),
         process_rows=process_rows,
         lengths=lengths,
+        query_length=config.data.get("query_length", 32),
     )
 
 
@@ -285,7 +289,10 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
             totals[k] = totals.get(k, 0.0) + float(v)
     # Each part over the rows it is a mean of (`step.eval_step`): every row, the perturbed rows,
     # or the numeric term's rows (for "neighbour": perturbed and with a neighbour).
-    counts = {name: totals.pop(name) for name in ("rows", "pert_rows", "term_rows")}
+    counts = {
+        name: totals.pop(name) for name in ("rows", "pert_rows", "term_rows", "query_rows")
+        if name in totals
+    }  # fmt: skip
     out = {}
     for key, total in totals.items():
         out[f"val/{key}"] = total / max(counts[step.EVAL_PART_ROWS.get(key, "rows")], 1.0)
@@ -421,6 +428,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         objective=config.loss.get("objective", "caliber"),
         perturb_weight=config.loss.get("perturb_weight", 1.0),
         structure_weight=config.loss.structure_weight,
+        query_weight=config.loss.get("query_weight", 0.0),
     )
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).

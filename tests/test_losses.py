@@ -441,3 +441,81 @@ def test_triplet_loss_euclidean_and_weights():
     np.testing.assert_allclose(grad[2], 0.0)
     with pytest.raises(ValueError, match="distance"):
         losses.triplet_loss(q, pos, neg, margin=0.1, distance="dot")
+
+
+# Query geometry (issue #37), 2-D unit vectors, 2 queries x 3 passages (passage 2 absent):
+# q0: s (1,0), t (0,1).  q1: s = t = (.6,.8).
+# p0: s (1,0), t (0,1).  p1: s (0,1), t (1,0).  p2: absent (NaN).
+#   q0: cos(s q0, s p0) = 1 = cos(t q0, t p0); cos(s q0, s p1) = 0 = cos(t q0, t p1) -> 0.
+#   q1: p0: s .6, t .8 -> .04; p1: s .8, t .6 -> .04 -> mean .04.
+QS = [[1.0, 0.0], [0.6, 0.8]]
+QT = [[0.0, 1.0], [0.6, 0.8]]
+PS = [[1.0, 0.0], [0.0, 1.0], [np.nan, np.nan]]
+PT = [[0.0, 1.0], [1.0, 0.0], [np.nan, 0.5]]
+
+
+def _query_args(**overrides):
+    args = dict(s_q=jnp.array(QS), t_q=jnp.array(QT), s_p=jnp.array(PS), t_p=jnp.array(PT),
+                q_valid=jnp.array([True, True]),
+                p_valid=jnp.array([True, True, False]))  # fmt: skip
+    return {**args, **overrides}
+
+
+def test_query_geometry_loss_hand_values():
+    values = losses.query_geometry_loss(**_query_args())
+    np.testing.assert_allclose(values, [0.0, 0.04], atol=1e-6)
+    # Cosines, not dot products: scaled inputs give the same values.
+    values = losses.query_geometry_loss(**_query_args(s_q=2.0 * jnp.array(QS)))
+    np.testing.assert_allclose(values, [0.0, 0.04], atol=1e-6)
+    # An absent query gets 0; so does a query with no present passage.
+    values = losses.query_geometry_loss(**_query_args(q_valid=jnp.array([True, False])))
+    np.testing.assert_allclose(values, [0.0, 0.0], atol=1e-7)
+    none = jnp.array([False, False, False])
+    np.testing.assert_allclose(losses.query_geometry_loss(**_query_args(p_valid=none)), [0, 0])
+    # Student = teacher: 0 everywhere.
+    same = _query_args(s_q=jnp.array(QT), s_p=jnp.array(PT))
+    np.testing.assert_allclose(losses.query_geometry_loss(**same), [0.0, 0.0], atol=1e-7)
+    with pytest.raises(ValueError, match="p_valid"):
+        losses.query_geometry_loss(**_query_args(p_valid=jnp.array([True, True])))
+
+
+def test_query_geometry_loss_nan_rows_keep_gradients_finite():
+    """Absent passages hold NaN (and a zero student vector, the norm's kink): the value and
+    both gradients stay finite."""
+    args = _query_args(s_q=jnp.array([[1.0, 0.0], [0.0, 0.0]]))
+
+    def total(s_q, s_p):
+        return losses.query_geometry_loss(**{**args, "s_q": s_q, "s_p": s_p}).sum()
+
+    value = total(args["s_q"], args["s_p"])
+    grads = jax.grad(total, argnums=(0, 1))(args["s_q"], args["s_p"])
+    assert bool(jnp.isfinite(value))
+    for grad in grads:
+        assert bool(jnp.all(jnp.isfinite(grad)))
+    np.testing.assert_array_equal(grads[1][2], [0.0, 0.0])  # the absent passage gets nothing
+
+
+def test_query_geometry_loss_gradient_matches_finite_differences():
+    rng = np.random.default_rng(3)
+    s_q, t_q = rng.normal(size=(2, 4, 5))
+    s_p, t_p = rng.normal(size=(2, 6, 5))
+    q_valid = jnp.array([True, False, True, True])
+    p_valid = jnp.array([True, True, False, True, True, True])
+
+    def total(s_q, s_p):
+        values = losses.query_geometry_loss(s_q, jnp.asarray(t_q), s_p, jnp.asarray(t_p),
+                                            q_valid, p_valid)  # fmt: skip
+        return values.sum()
+
+    s_q, s_p = jnp.asarray(s_q, jnp.float32), jnp.asarray(s_p, jnp.float32)
+    grads = jax.grad(total, argnums=(0, 1))(s_q, s_p)
+    eps = 1e-2  # central differences in float32 (the loss computes in float32)
+    for which, (base, grad) in enumerate(zip((s_q, s_p), grads, strict=True)):
+        numeric = np.zeros(base.shape, np.float32)
+        for index in np.ndindex(base.shape):
+            up, down = [s_q, s_p], [s_q, s_p]
+            up[which] = base.at[index].add(eps)
+            down[which] = base.at[index].add(-eps)
+            numeric[index] = (total(*up) - total(*down)) / (2 * eps)
+        np.testing.assert_allclose(grad, numeric, atol=2e-3)
+    assert float(np.abs(grads[0]).sum()) > 0 and float(np.abs(grads[1]).sum()) > 0

@@ -191,6 +191,17 @@ def test_mine_heldout_neighbours_only_among_training_texts():
     assert prepare_lib.mine_heldout_neighbours([], held_out[:2], k=5) == [None, None]
 
 
+def test_prepare_writes_training_queries(tmp_path):
+    """`queries`: every passage of both splits gets the offline generator's question or null."""
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, queries=True)
+    rows = [*corpus.load_jsonl(tmp_path / "out" / "train.jsonl"),
+            *corpus.load_jsonl(tmp_path / "out" / "val.jsonl")]  # fmt: skip
+    assert rows and all("query" in row for row in rows)
+    assert [row["query"] for row in rows] == prepare_lib.make_queries(rows)
+    assert any(row["query"] for row in rows) and any(row["query"] is None for row in rows)
+
+
 def test_prepare_stores_training_neighbours(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
     prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)

@@ -59,6 +59,26 @@ def load_neighbours(
     return neighbours
 
 
+def load_queries(path: str | os.PathLike) -> list[str] | None:
+    """The optional "query" field of a passages file (`prepare.make_queries`): per row, a
+    training question about that passage (str), "" where it has none; None when no record has
+    the field."""
+    path = paths.as_path(path)
+    found: list[str] = []
+    present = False
+    with corpus.open_binary(path) as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            present |= "query" in record
+            query = record.get("query")
+            if query is not None and not isinstance(query, str):
+                raise ValueError(f"{path}:{line_number}: field 'query' must be str or null")
+            found.append(query or "")
+    return found if present else None
+
+
 def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Reads a passages `.jsonl` (or `.jsonl.gz`) with fields id, text, perturbed (str or null).
 
@@ -102,6 +122,7 @@ class TrainSource:
         teacher_px_path: str | os.PathLike | None,
         dim: int,
         neighbour_source: "TrainSource | None" = None,
+        teacher_q_path: str | os.PathLike | None = None,
     ):
         """Builds the source.
 
@@ -114,6 +135,8 @@ class TrainSource:
           neighbour_source: the source whose rows a "train_neighbour" field names (the training
             split, for a validation split); its teacher x store gives the neighbour vectors.
             Used only when the passages have no "neighbour" field of their own.
+          teacher_q_path: teacher store of the passages' training queries (row i = t(q_i), zero
+            where row i has none); the queries (field "query") are read only with it.
         """
         self.passages_path = paths.as_path(passages_path)
         texts, perturbed = load_passages(self.passages_path)
@@ -151,6 +174,17 @@ class TrainSource:
             self.neighbour_x = neighbour_source.teacher_x
             self.neighbours = load_neighbours(
                 self.passages_path, field="train_neighbour", num_rows=neighbour_source.num_rows
+            )
+        self.queries, self.teacher_q = None, None
+        if teacher_q_path is not None:
+            self.queries = load_queries(self.passages_path)
+            if self.queries is None:
+                raise ValueError(f"{self.passages_path}: no 'query' field for {teacher_q_path}")
+            self.teacher_q = teacher.open_reader(
+                teacher_q_path,
+                expect_rows=self.num_rows,
+                expect_dim=dim,
+                expect_hash=teacher.text_hash(self.queries),
             )
         self._lock = threading.Lock()
 
@@ -191,6 +225,15 @@ class TrainSource:
         teacher_nb = self.neighbour_x[np.where(has_nb, rows, 0)]
         teacher_nb[~has_nb] = 0.0
         return teacher_nb, has_nb
+
+    def read_queries(self, indices: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(query texts, "" where none; [n, d] float32 teacher vectors, 0 where none; [n] bool
+        has one) of the rows. Only for sources built with `teacher_q_path`."""
+        texts = [self.queries[i] for i in indices]
+        has_q = np.array([bool(text) for text in texts])
+        vectors = self.teacher_q[indices]
+        vectors[~has_q] = 0.0
+        return texts, vectors, has_q
 
     def _loaded(self) -> tuple[list[str], list[str]]:
         with self._lock:
@@ -284,6 +327,7 @@ def make_batch_fn(
     pack_rows_multiple: int = 1,
     process_rows: np.ndarray | None = None,
     lengths: tuple[np.ndarray, np.ndarray] | None = None,
+    query_length: int = 32,
 ) -> "_LoadBatch":
     """The map from a global step to this process's batch that `make_loader` iterates, as a
     picklable callable; `.geometry(step)` gives the integers that decide that batch's array
@@ -329,6 +373,8 @@ def make_batch_fn(
         global batch and `pert_index` are the same for any device order.
       lengths: ([N] x, [N] pi(x)) token lengths as `token_lengths` computes them, e.g. each
         process tokenizing only its share and gathering the rest; None tokenizes everything here.
+      query_length: sources with training queries: each row's query is truncated and padded to
+        this many tokens (one shape for every batch).
     """
     if batch_size < 1 or batch_size % process_count:
         raise ValueError(f"batch_size={batch_size} must be a positive multiple of {process_count=}")
@@ -391,6 +437,7 @@ def make_batch_fn(
         buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
         process_rows=process_rows,
         has_pert=np.array([bool(text) for text in perturbed]),
+        query_length=query_length,
     )
 
 
@@ -491,6 +538,14 @@ class _LoadBatch:
         if self.source.neighbours is not None:
             # Teacher vectors of each row's mined topical neighbour (objective "neighbour").
             arrays["teacher_nb"], arrays["has_nb"] = self.source.read_neighbours(mine)
+        if self.source.teacher_q is not None:
+            # Each row's training query (the query-geometry term), at one fixed length.
+            queries, arrays["teacher_q"], arrays["has_q"] = self.source.read_queries(mine)
+            ids = o["tokenize_fn"](queries, o["query_length"])
+            arrays["query_input_ids"], arrays["query_attention_mask"] = padding.pad_rows(
+                [list(row) for row in ids], rows=len(ids), length=o["query_length"],
+                pad_id=o["pad_id"],
+            )  # fmt: skip
         return {
             "has_pert": has_pert,
             "teacher_x": teacher_x,

@@ -502,6 +502,53 @@ def test_validation_neighbours_read_the_training_store(tmp_path):
         )
 
 
+def test_training_queries_come_with_their_teacher_rows(tmp_path):
+    """Passages with a "query" field and a q store: each batch row carries its query's tokens at
+    the fixed query length and its teacher vector (0 and has_q False where it has none)."""
+    texts, perturbed = make_corpus(NUM_ROWS)
+    paths = write_corpus(tmp_path, texts, perturbed)
+    queries = ["" if i % 3 == 2 else f"what was item {i}?" for i in range(NUM_ROWS)]
+    records = [json.loads(line) for line in paths["passages.jsonl"].read_text().splitlines()]
+    with open(paths["passages.jsonl"], "w", encoding="utf-8") as f:
+        for record, query in zip(records, queries, strict=True):
+            f.write(json.dumps({**record, "query": query or None}) + "\n")
+    np.save(tmp_path / "q.npy", teacher_vectors(NUM_ROWS, 50.0))
+    teacher.import_npy(tmp_path / "q", vectors_npy=tmp_path / "q.npy", texts=queries, dim=None,
+                       chunk_rows=8, metadata={"teacher": "fake", "pooling": "mean"})  # fmt: skip
+    source = pipeline.TrainSource(
+        paths["passages.jsonl"], teacher_x_path=paths["x"], teacher_px_path=paths["px"],
+        dim=DIM, teacher_q_path=tmp_path / "q",
+    )  # fmt: skip
+    want_vectors = teacher_vectors(NUM_ROWS, 50.0)
+    seen = 0
+    for batch in batches(source, query_length=12):
+        assert batch["query_input_ids"].shape == (8, 12)
+        for slot, index in enumerate(batch["index"]):
+            if index < 0:
+                continue
+            seen += 1
+            assert batch["has_q"][slot] == bool(queries[index])
+            tokens = byte_tokenize([queries[index]], 12)[0]
+            np.testing.assert_array_equal(batch["query_input_ids"][slot, : len(tokens)], tokens)
+            assert batch["query_attention_mask"][slot].sum() == len(tokens)
+            want = want_vectors[index] if queries[index] else np.zeros(DIM)
+            np.testing.assert_allclose(batch["teacher_q"][slot], want, rtol=1e-6)
+    assert seen == NUM_ROWS
+    assert pipeline.load_queries(paths["passages.jsonl"]) == queries
+    # Without the store the queries are not read; a q store for other texts is refused.
+    plain = pipeline.TrainSource(paths["passages.jsonl"], teacher_x_path=paths["x"],
+                                 teacher_px_path=paths["px"], dim=DIM)  # fmt: skip
+    assert "teacher_q" not in next(iter(loader(plain)))
+    with pytest.raises(ValueError, match="hash"):
+        pipeline.TrainSource(
+            paths["passages.jsonl"],
+            teacher_x_path=paths["x"],
+            teacher_px_path=paths["px"],
+            dim=DIM,
+            teacher_q_path=paths["x"],
+        )
+
+
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_packed_layout(corpus, process_count):
     """Every x and existing pi(x) appears once, whole, at its slot; one shape on all processes."""
