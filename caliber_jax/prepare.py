@@ -53,6 +53,7 @@ def prepare(
     numfine_items: int = 0,
     neighbour_k: int = 0,
     queries: bool = False,
+    balance_rules: bool = False,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -67,6 +68,9 @@ def prepare(
     neighbour, or null; and every validation passage a "train_neighbour" field, its neighbour
     among the training passages (`mine_heldout_neighbours`), or null. `queries` gives every
     passage of both splits a "query" field (`make_queries`), a question about it or null.
+    `balance_rules` draws the training passages' perturbations again so that every rule of a
+    category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
+    (`rebalance_rules`); validation and NumGap are unchanged.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
     number) from the same held-out documents.
     """
@@ -107,6 +111,8 @@ def prepare(
     val = [p for p in passages if p["doc_name"] in heldout]
     train = sample(train, max_train_passages, seed=seed)
     val = sample(val, max_val_passages, seed=seed)
+    if balance_rules:
+        train = rebalance_rules(train, categories=categories, seed=seed)
     if neighbour_k:
         train_texts = [p["text"] for p in train]
         neighbours = mine_neighbours(train_texts, k=neighbour_k)
@@ -200,6 +206,26 @@ def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -
     return found
 
 
+def rebalance_rules(
+    passages: list[dict[str, Any]], *, categories: Sequence[str], seed: int
+) -> list[dict[str, Any]]:
+    """The passages with their "category" and "perturbed" drawn again by
+    `perturb.perturb_balanced` under the rule weights of these passages (`perturb.rule_weights`):
+    a rule that few passages admit is picked wherever it can be, a common one less often. The
+    category is still drawn uniformly among those that fire, so the category mix stays as it
+    was; only the rule mix inside a category changes. Seeded per passage id."""
+    weights = perturb.rule_weights([p["text"] for p in passages], categories)
+    out = []
+    for passage in passages:
+        chosen = perturb.perturb_balanced(
+            passage["text"], perturb.derive_seed(seed, "balanced", passage["id"]), categories,
+            weights,
+        )  # fmt: skip
+        category, perturbed = chosen if chosen is not None else (None, None)
+        out.append({**passage, "category": category, "perturbed": perturbed})
+    return out
+
+
 def make_queries(passages: Sequence[dict[str, Any]]) -> list[str | None]:
     """A question per passage from `querygen.OfflineQueryGenerator` (a line item and period it
     states, not the amount), or None when the passage states no numeric fact it can parse."""
@@ -277,6 +303,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         numfine_items=options.numfine_items,
         neighbour_k=options.get("neighbour_k", 0),
         queries=options.get("queries", False),
+        balance_rules=options.get("balance_rules", False),
     )
 
 

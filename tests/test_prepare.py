@@ -202,6 +202,25 @@ def test_prepare_writes_training_queries(tmp_path):
     assert any(row["query"] for row in rows) and any(row["query"] is None for row in rows)
 
 
+def test_prepare_balance_rules_redraws_training_perturbations_only(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    options = dict(seed=0, heldout_fraction=0.34, build_numgap=False)
+    prepare_lib.prepare(source, tmp_path / "plain", **options)
+    prepare_lib.prepare(source, tmp_path / "balanced", balance_rules=True, **options)
+    plain, balanced = (
+        corpus.load_jsonl(tmp_path / d / "train.jsonl") for d in ("plain", "balanced")
+    )
+    assert [p["text"] for p in plain] == [p["text"] for p in balanced]
+    assert balanced == prepare_lib.rebalance_rules(plain, categories=perturb.CATEGORIES, seed=0)
+    for passage in balanced:
+        if passage["perturbed"] is not None:
+            options_here = perturb.candidate_edits(passage["text"], passage["category"])
+            assert passage["perturbed"] in [p for _, p in options_here]
+    assert any(a["perturbed"] != b["perturbed"] for a, b in zip(plain, balanced, strict=True))
+    val = [corpus.load_jsonl(tmp_path / d / "val.jsonl") for d in ("plain", "balanced")]
+    assert val[0] == val[1]
+
+
 def test_prepare_stores_training_neighbours(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
     prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)

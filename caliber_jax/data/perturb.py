@@ -426,3 +426,130 @@ def perturb_any(
         return None
     category = random.Random(seed).choice(sorted(fired))
     return category, fired[category]
+
+
+# ------------------------------------------------------------------------ rules (issue #37)
+
+_DIRECTION_PAIR_OF = {}
+for _first, _second in _DIRECTION_PAIRS:
+    _DIRECTION_PAIR_OF.setdefault((_first, _second), f"{_first}/{_second}")
+    _DIRECTION_PAIR_OF.setdefault((_second, _first), f"{_first}/{_second}")
+_NUMERAL_CHARS = "0123456789.,"
+
+
+def _changed_span(text: str, perturbed: str, extend: Callable[[str], bool]) -> tuple[str, str]:
+    """The differing parts of two texts, each widened to whole tokens of characters `extend`
+    accepts (both texts share the prefix and suffix around them)."""
+    limit = min(len(text), len(perturbed))
+    start = 0
+    while start < limit and text[start] == perturbed[start]:
+        start += 1
+    tail = 0
+    while tail < limit - start and text[-1 - tail] == perturbed[-1 - tail]:
+        tail += 1
+    while start > 0 and extend(text[start - 1]):
+        start -= 1
+    while tail > 0 and extend(text[len(text) - tail]):
+        tail -= 1
+    return text[start : len(text) - tail].strip(), perturbed[start : len(perturbed) - tail].strip()
+
+
+def _changed_number(text: str, other: str) -> Decimal:
+    """The value of the numeral of `text` (`_NUMBER_RE`) in which it first differs from `other`."""
+    start = 0
+    while start < min(len(text), len(other)) and text[start] == other[start]:
+        start += 1
+    for match in _NUMBER_RE.finditer(text):
+        if match.start() <= start <= match.end():
+            return Decimal(match.group().replace(",", ""))
+    raise ValueError(f"edit_rule: no numeral at the first difference (offset {start})")
+
+
+def _unit_name(token: str) -> str:
+    if token in _LETTER_SWAPS:
+        return token
+    lower = " ".join(token.lower().split())
+    if lower in ("bp", "bps"):
+        return "bps"
+    for stem in ("percentage", "basis"):  # "percentage points" <-> "basis points" differ here
+        if lower.startswith(stem):
+            return f"{stem} point"
+    return lower.removesuffix("s") if lower.endswith(("ions", "ands", "points")) else lower
+
+
+def edit_rule(text: str, perturbed: str, category: str) -> str:
+    """The rule an edit of `category` applied, as a label: "million->billion", "%->bps",
+    "percent->basis point", "M->B" (unit); "increase/decrease", "sign" (polarity; a direction
+    word pair is one rule whichever way it is swapped); "x10", "/10" (magnitude); "year+1"
+    (period); "$->EUR" (currency). For per-rule NumGap reports and balanced sampling."""
+    _check_categories([category])
+    if text == perturbed:
+        raise ValueError("edit_rule: the texts are equal")
+    if category == "magnitude":
+        bigger = _changed_number(perturbed, text) > _changed_number(text, perturbed)
+        return "x10" if bigger else "/10"
+    if category == "period":
+        old, new = _changed_span(text, perturbed, str.isdigit)
+        delta = int(new) - int(old)
+        if len(old) == 2:  # two-digit years wrap around the century
+            delta = (delta + 50) % 100 - 50
+        return f"year{delta:+d}"
+    old, new = _changed_span(text, perturbed, str.isalpha)
+    if category == "polarity":
+        if old in _SIGN_FLIP and new in _SIGN_FLIP:
+            return "sign"
+        return _DIRECTION_PAIR_OF.get((old.lower(), new.lower()), f"{old.lower()}/{new.lower()}")
+    if category == "unit":
+        return f"{_unit_name(old)}->{_unit_name(new)}"
+    return f"{old}->{new}"
+
+
+def candidate_edits(text: str, category: str) -> list[tuple[str, str]]:
+    """Every `(rule, perturbed text)` that `category` can make of `text` within the edit-distance
+    bounds, in site order (the choices `perturb` draws one of)."""
+    found = []
+    for site in candidate_sites(text, category):
+        for edit in site:
+            perturbed = edit.apply(text)
+            distance = edit_distance(text, perturbed) if perturbed != text else 0
+            if MIN_EDIT_DISTANCE <= distance <= MAX_EDIT_DISTANCE:
+                found.append((edit_rule(text, perturbed, category), perturbed))
+    return found
+
+
+def rule_weights(texts: Iterable[str], categories: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per category, 1 / (number of `texts` admitting the rule) for every rule seen: the weights
+    under which `perturb_balanced` draws the rules of a corpus about equally often."""
+    counts: dict[str, dict[str, int]] = {category: {} for category in categories}
+    for text in texts:
+        for category in categories:
+            for rule in {rule for rule, _ in candidate_edits(text, category)}:
+                counts[category][rule] = counts[category].get(rule, 0) + 1
+    return {c: {rule: 1.0 / n for rule, n in rules.items()} for c, rules in counts.items()}
+
+
+def perturb_balanced(
+    text: str,
+    seed: int,
+    categories: Sequence[str],
+    weights: dict[str, dict[str, float]],
+) -> tuple[str, str] | None:
+    """One seeded perturbation with rules drawn by `weights` (`rule_weights`): a category
+    uniformly among those that fire, then a rule with probability proportional to its weight
+    among the rules that category can apply here, then one of that rule's edits uniformly.
+
+    Returns:
+      `(category, perturbed)`, or None when no category fires.
+    """
+    _check_categories(categories)
+    rng = random.Random(seed)
+    options = {c: edits for c in categories if (edits := candidate_edits(text, c))}
+    if not options:
+        return None
+    category = rng.choice(sorted(options))
+    by_rule: dict[str, list[str]] = {}
+    for rule, perturbed in options[category]:
+        by_rule.setdefault(rule, []).append(perturbed)
+    rules = sorted(by_rule)
+    chosen = rng.choices(rules, weights=[weights[category].get(r, 1.0) for r in rules])[0]
+    return category, rng.choice(by_rule[chosen])

@@ -420,3 +420,66 @@ def test_perturb_any_matches_its_category(text, seed):
         assert category in perturb.CATEGORIES
         assert new == perturb.perturb_all(text, seed=seed)[category]
         assert any(changes_only(text, new, s, e) for s, e in allowed_regions(text, category))
+
+
+@pytest.mark.parametrize(
+    ("text", "perturbed", "category", "rule"),
+    [
+        ("sales of $5 million in 2019", "sales of $5 billion in 2019", "unit", "million->billion"),
+        ("sales of $5 millions", "sales of $5 thousands", "unit", "million->thousand"),
+        ("5 billion in 2019", "5 million in 2019", "unit", "billion->million"),
+        ("up 5% in 2019", "up 5 bps in 2019", "unit", "%->bps"),
+        ("up 40 bp in 2019", "up 40% in 2019", "unit", "bps->%"),
+        ("5 percent in 2019", "5 basis points in 2019", "unit", "percent->basis point"),
+        ("2 percentage points", "2 basis points", "unit", "percentage point->basis point"),
+        ("$3M in 2019", "$3B in 2019", "unit", "M->B"),
+        ("Revenue increased 5%", "Revenue decreased 5%", "polarity", "increased/decreased"),
+        ("Revenue decreased 5%", "Revenue increased 5%", "polarity", "increased/decreased"),
+        ("a Loss of $5", "a Gain of $5", "polarity", "gain/loss"),
+        ("fell -3% in 2019", "fell +3% in 2019", "polarity", "sign"),
+        ("tax of $34 million.", "tax of $3.4 million.", "magnitude", "/10"),
+        ("Section 4.1.1 sets 2,500 units", "Section 4.1.1 sets 25,000 units", "magnitude", "x10"),
+        ("in fiscal 2019 sales", "in fiscal 2017 sales", "period", "year-2"),
+        ("in FY99 sales", "in FY01 sales", "period", "year+2"),
+        ("USD 5 million", "EUR 5 million", "currency", "USD->EUR"),
+    ],
+)
+def test_edit_rule_labels(text, perturbed, category, rule):
+    assert perturb.edit_rule(text, perturbed, category) == rule
+
+
+def test_candidate_edits_are_perturb_choices_with_their_rules():
+    text = "Sales were $5 million, up 5% from 2019, and costs increased 3%."
+    for category in ("unit", "polarity", "magnitude"):
+        edits = perturb.candidate_edits(text, category)
+        assert edits
+        for seed in range(6):  # every seeded perturbation is one of the candidates
+            assert perturb.perturb(text, category, seed) in [p for _, p in edits]
+    rules = {rule for rule, _ in perturb.candidate_edits(text, "unit")}
+    assert rules == {"million->billion", "million->thousand", "%->bps"}
+
+
+def test_balanced_sampling_evens_out_rules():
+    """100 passages admit only %->bps, 20 admit both %->bps and million->billion/thousand: plain
+    sampling makes %->bps ~10 times the scale swaps; under `rule_weights` the three unit rules
+    are drawn alike where they can be."""
+    only_percent = [f"Margin rose {i}% in 2019." for i in range(1, 101)]
+    both = [f"Sales were ${i} million, up {i}% in 2019." for i in range(1, 21)]
+    texts = only_percent + both
+    weights = perturb.rule_weights(texts, ["unit"])
+    assert weights["unit"] == pytest.approx(
+        {"%->bps": 1 / 120, "million->billion": 1 / 20, "million->thousand": 1 / 20}
+    )
+    drawn: dict[str, int] = {}
+    for seed, text in enumerate(both * 20):
+        category, perturbed = perturb.perturb_balanced(text, seed, ["unit"], weights)
+        rule = perturb.edit_rule(text, perturbed, category)
+        drawn[rule] = drawn.get(rule, 0) + 1
+    # On the passages that admit all three: %->bps with p = (1/120) / (1/120 + 2/20) ~ 0.077.
+    assert drawn["%->bps"] < 0.15 * 400
+    assert abs(drawn["million->billion"] - drawn["million->thousand"]) < 0.2 * 400
+    assert perturb.perturb_balanced("No numbers here.", 0, ["unit"], weights) is None
+    # Seeded: the same draw twice.
+    assert perturb.perturb_balanced(both[0], 7, ["unit"], weights) == perturb.perturb_balanced(
+        both[0], 7, ["unit"], weights
+    )

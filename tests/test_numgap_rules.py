@@ -1,0 +1,44 @@
+"""scripts/numgap_rules.py: NumGap-D per rule from per-record outcomes, on a hand-made set."""
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import numgap_rules  # noqa: E402
+
+from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
+
+RECORDS = [
+    {"category": "unit", "anchor": "up 5% in 2019", "perturbed": "up 5 bps in 2019"},
+    {"category": "unit", "anchor": "$5 million in 2019", "perturbed": "$5 billion in 2019"},
+    {"category": "unit", "anchor": "$7 million in 2019", "perturbed": "$7 billion in 2019"},
+    {"category": "polarity", "anchor": "sales rose 5%", "perturbed": "sales fell 5%"},
+]
+for index, record in enumerate(RECORDS):
+    record["distractor"] = f"another passage {index}"
+
+
+def results(hits):
+    ids = [numgap.record_id(i, r) for i, r in enumerate(RECORDS)]
+    return {PER_QUERY: {"numgap": {"D": dict(zip(ids, hits, strict=True))}}}
+
+
+def test_per_rule_hand_values():
+    table = numgap_rules.per_rule(RECORDS, {"A": results([1, 0, 1, 0]), "B": results([0, 1, 1, 1])})
+    assert table[("unit", "%->bps")] == {"n": 1, "A": 1.0, "B": 0.0}
+    assert table[("unit", "million->billion")] == {"n": 2, "A": 0.5, "B": 1.0}
+    assert table[("unit", "all")] == {"n": 3, "A": 2 / 3, "B": 2 / 3}
+    assert table[("polarity", "rose/fell")] == {"n": 1, "A": 0.0, "B": 1.0}
+    assert table[("overall", "all")] == {"n": 4, "A": 0.5, "B": 0.75}
+    assert list(table)[-1] == ("overall", "all")  # categories first, the overall row last
+    text = numgap_rules.markdown(table, ["A", "B"], Counter({("unit", "%->bps"): 7}))
+    assert "| unit | %->bps | 1 | 7 | 1.0000 | 0.0000 |" in text
+    # Outcomes of other records (or none) are refused rather than mismatched.
+    other = results([1, 0, 1, 0])
+    other[PER_QUERY]["numgap"]["D"] = {"0:deadbeef": 1}
+    with pytest.raises(ValueError, match="C: no per-record NumGap outcomes"):
+        numgap_rules.per_rule(RECORDS, {"C": other})
