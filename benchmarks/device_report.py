@@ -1,0 +1,302 @@
+"""One GPU session's figures for the real job (issue #35), as one JSON file that grows part by part.
+
+    python benchmarks/device_report.py --out runs/device_report.json   # via gpu_on_device.sh
+    CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
+
+Parts, in order, each a subprocess under its own time limit and all of them under `--limit-s`:
+  setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer), prepared
+    passages of the carried filings (`caliber_jax.prepare`, configs/caliber.py, capped at
+    `--passages`) and random teacher vectors in `embed_teacher`'s layout.
+  train_cold, train_warm: `python -m caliber_jax.train --config configs/caliber.py` launched twice
+    on that data with one `--compilation_cache` directory, empty before the first: seconds from
+    launch to the first step's metrics line (`first_step_s`), then the seconds between later
+    steps' lines (`step_s`, median) and the loop's own `train/tokens_per_s` (real tokens).
+  student_xla, student_cudnn: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b` with the
+    config's scan/remat settings and attention "xla" (against the PyTorch reference step of
+    `benchmarks/torch_reference.py`, for `ratio_jax_over_torch`) or "cudnn" (JAX only): step
+    time, tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory.
+  teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
+    Qwen3-Embedding-8B-shaped weights, bf16 compute, JAX only): passages/s, tokens/s, MFU.
+Each part's result is printed when it ends and the JSON file is rewritten atomically, so a run
+cut short keeps every part it finished. `CALIBER_DEVICE_REHEARSAL=1` runs the same parts on the
+CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, batch 8 and "xla" attention
+in place of cuDNN: it checks the script, not the numbers.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common  # noqa: E402
+
+REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
+CONFIG = "configs/caliber.py"
+# Keys every finished part reports (finite numbers); tests/test_device_report.py checks them.
+REQUIRED = {
+    "setup": ("setup_s", "passages"),
+    "train_cold": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
+    "train_warm": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
+    "student_xla": (
+        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
+        "jax_compile_s", "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
+    ),
+    "student_cudnn": (
+        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
+        "jax_compile_s",
+    ),
+    "teacher_8b_encode": (
+        "jax_passages_per_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
+        "jax_peak_memory_bytes",
+    ),
+}  # fmt: skip
+# Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
+# A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
+# only `--limit-s` applies.
+LIMITS = {"setup": 60, "train_cold": 110, "train_warm": 45, "student_xla": 110,
+          "student_cudnn": 60, "teacher_8b_encode": 70}  # fmt: skip
+if REHEARSAL:
+    LIMITS = dict.fromkeys(LIMITS, math.inf)
+# Sizes: the real shapes, or the rehearsal's toy ones.
+SIZES = {
+    "student": "qwen3-tiny" if REHEARSAL else "qwen3-0.6b",
+    "teacher": "qwen3-tiny" if REHEARSAL else "qwen3-8b",
+    "passages": 128 if REHEARSAL else 4096,
+    "train_steps": 4 if REHEARSAL else 8,
+    "bench": (
+        ["--max-length", "64", "--batch-size", "8", "--num-batches", "1", "--repeats", "2",
+         "--min-steps", "2", "--pool", "64", "--peak-flops", "1e12"]
+        if REHEARSAL
+        else ["--num-batches", "2", "--repeats", "3", "--min-steps", "4", "--pool", "512"]
+    ),
+    "encode": (
+        ["--max-length", "64", "--batch-size", "16", "--passages", "32", "--repeats", "1",
+         "--peak-flops", "1e12"]
+        if REHEARSAL else ["--passages", "1024", "--repeats", "2"]
+    ),
+    "config": ["--config.data.max_length=64", "--config.batch_size=8"] if REHEARSAL else [],
+}  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the JSON file (rewritten after each part)")
+    parser.add_argument("--work", default=str(common.REPO_ROOT / "runs" / "device_report"),
+                        help="model, data, workdirs and the compilation cache")  # fmt: skip
+    parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
+    parser.add_argument("--limit-s", type=float, default=450.0, help="all parts together")
+    parser.add_argument("--parts", default=",".join(REQUIRED), help="comma-separated subset")
+    parser.add_argument("--python", default=sys.executable)
+    return parser.parse_args(argv)
+
+
+def values_of(stdout: str) -> dict:
+    """`key=value` lines of a benchmark's output: numbers as floats, the rest as strings."""
+    values: dict = {}
+    for line in stdout.splitlines():
+        match = re.match(r"^(\w+)=(\S+)", line)
+        if match:
+            key, value = match.groups()
+            try:
+                values[key] = float(value)
+            except ValueError:
+                values[key] = value
+    if device := re.search(r"^preset=\S+ device=(.*?) cores=", stdout, re.MULTILINE):
+        values["device_kind"] = device.group(1)
+    return values
+
+
+def run_benchmark(args, script: str, flags: list[str], limit: float) -> dict:
+    """A benchmark script's `key=value` figures (and its exit status)."""
+    command = [args.python, str(common.REPO_ROOT / "benchmarks" / script), *flags]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
+                              cwd=common.REPO_ROOT)  # fmt: skip
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as expired:
+        out, err, rc = _text(expired.stdout), _text(expired.stderr), "timeout"
+    result = {**values_of(out), "rc": rc}
+    if rc != 0:
+        result["stderr_tail"] = err.strip().splitlines()[-5:]
+    return result
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def setup(args, work: Path) -> dict:
+    """Model directory, prepared passages and teacher vectors (in this process)."""
+    from caliber_jax import prepare, tokenization
+    from caliber_jax.data import pipeline
+    from caliber_jax.models import embedding
+
+    start = time.perf_counter()
+    config = common.load_config(CONFIG)
+    student = common.random_qwen3(common.QWEN3_SHAPES[SIZES["student"]], seed=0)
+    embedding.save_pretrained(
+        work / "model", student.spec, student.flat, tokenizer=tokenization.build_qwen3_tokenizer(),
+        max_seq_length=config.data.max_length,
+    )  # fmt: skip
+    dim = student.config.width
+    del student
+    config.prepare.input = args.filings
+    config.data.dir = str(work / "data")
+    config.prepare.max_passages = SIZES["passages"]
+    config.prepare.numgap = False
+    config.prepare.numfine_items = 0
+    stats = prepare.prepare_from_config(config)
+    texts, perturbed = pipeline.load_passages(work / "data" / "train.jsonl")
+    common.write_teacher_stores(work / "data" / "teacher_train", texts, perturbed, dim=dim, seed=0)
+    return {"setup_s": time.perf_counter() - start, "passages": float(stats["train_passages"])}
+
+
+def train_launch(args, work: Path, name: str, limit: float) -> dict:
+    """Launches `caliber_jax.train`; times its metrics lines; stops it after a few steps."""
+    workdir = work / name
+    metrics = workdir / "metrics.jsonl"
+    steps = SIZES["train_steps"]
+    command = [
+        args.python, "-m", "caliber_jax.train", f"--config={CONFIG}", f"--workdir={workdir}",
+        f"--compilation_cache={work / 'xla_cache'}", f"--config.model.init_dir={work / 'model'}",
+        f"--config.data.dir={work / 'data'}", f"--config.total_steps={steps}",
+        "--config.log_every=1", "--config.data.validate=False", *SIZES["config"],
+    ]  # fmt: skip
+    cache = work / "xla_cache"
+    cached = _files(cache)
+    log = (work / f"{name}.log").open("w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=common.REPO_ROOT,
+                            start_new_session=True)  # fmt: skip
+    seen: dict[int, tuple[float, dict]] = {}
+    first = None
+    while True:
+        now = time.perf_counter() - start
+        if metrics.exists():
+            for line in metrics.read_text().splitlines():
+                row = json.loads(line)
+                seen.setdefault(int(row["step"]), (now, row))
+        if seen and first is None:
+            first = min(t for t, _ in seen.values())
+        # Enough steps, or the later steps wait on compiles for longer than the part allows.
+        done = len(seen) >= steps or (first is not None and now - first > limit / 3)
+        if done or proc.poll() is not None or now > limit:
+            break
+        time.sleep(0.05)
+    if proc.poll() is None:  # the run's own end would save a checkpoint: not what is timed
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    log.close()
+    # rc -9: stopped here after its steps (its own end would save a checkpoint, not timed).
+    result: dict = {"steps_seen": float(len(seen)), "rc": proc.returncode,
+                    "cache_files_added": float(_files(cache) - cached)}  # fmt: skip
+    if first is None:
+        tail = (work / f"{name}.log").read_text().strip().splitlines()[-5:]
+        return {**result, "error": "no step logged", "log_tail": tail}
+    times = [seen[s][0] for s in sorted(seen)]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    tokens = [seen[s][1]["train/tokens_per_s"] for s in sorted(seen)[1:]]
+    # Later steps of a new batch shape may wait for its compile (built ahead, in the background):
+    # every gap is kept; the benchmark parts time steps with every shape compiled.
+    return {
+        **result,
+        "step_gaps_s": gaps,
+        "first_step_s": first,
+        "step_s": statistics.median(gaps) if gaps else math.nan,
+        "tokens_per_s": statistics.median(tokens) if tokens else math.nan,
+    }
+
+
+def _files(directory: Path) -> int:
+    """Files under `directory` (the persistent cache's entries, the autotuner's included)."""
+    return sum(1 for path in directory.rglob("*") if path.is_file()) if directory.exists() else 0
+
+
+def run_part(args, work: Path, name: str, limit: float) -> dict:
+    config = common.load_config(CONFIG)
+    model = config.model
+    if name == "setup":
+        return setup(args, work)
+    if name.startswith("train_"):
+        return train_launch(args, work, name, limit)
+    if name.startswith("student_"):
+        attention = name.removeprefix("student_")
+        flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
+                 args.filings, "--record-stride", "1", "--scan-layers",
+                 str(int(model.scan_layers)), "--remat", model.remat,
+                 "--compile-cache", str(work / "xla_cache"), *SIZES["bench"]]  # fmt: skip
+        if attention == "cudnn":
+            flags.append("--skip-torch")
+        # cuDNN's kernel needs a GPU: the CPU rehearsal runs the same part with XLA attention.
+        flags += ["--jax-attention", "xla" if REHEARSAL else attention]
+        return run_benchmark(args, "train_throughput.py", flags, limit)
+    if name == "teacher_8b_encode":
+        flags = ["--preset", "gpu-qwen3-8b-encode", "--model", SIZES["teacher"], "--skip-torch",
+                 "--filings", args.filings, "--record-stride", "1",
+                 "--compile-cache", str(work / "xla_cache_teacher"), *SIZES["encode"]]  # fmt: skip
+        return run_benchmark(args, "encode_throughput.py", flags, limit)
+    raise ValueError(f"unknown part {name!r}")
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    if unknown := sorted(set(parts) - set(REQUIRED)):
+        raise SystemExit(f"--parts: unknown {unknown}; expected some of {list(REQUIRED)}")
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    report = {
+        "rehearsal": REHEARSAL,
+        "config": CONFIG,
+        "host_cpu": common.cpu_description(),
+        "sizes": {k: v for k, v in SIZES.items() if isinstance(v, str | int)},
+        "parts": {},
+    }
+    write_atomic(out, report)
+    clock = time.perf_counter()
+    for name in parts:
+        left = args.limit_s - (time.perf_counter() - clock) - 5
+        limit = min(LIMITS[name], left)
+        if limit < 20:
+            result = {"skipped": f"{left:.0f} s left of --limit-s"}
+        else:
+            print(f"== {name} (limit {limit:.0f} s)", flush=True)
+            start = time.perf_counter()
+            try:
+                result = run_part(args, work, name, limit)
+            except Exception as error:  # a broken part must not lose the others
+                result = {"error": f"{type(error).__name__}: {error}"}
+            result["wall_s"] = time.perf_counter() - start
+        missing = [k for k in REQUIRED[name] if not _finite(result.get(k))]
+        if missing and "skipped" not in result:
+            result["missing"] = missing
+        report["parts"][name] = result
+        write_atomic(out, report)
+        shown = {k: v for k, v in result.items() if k in REQUIRED[name] or k in (
+            "rc", "wall_s", "missing", "skipped", "error", "device_kind")}  # fmt: skip
+        print(f"{name}: {json.dumps(shown, default=str)}", flush=True)
+    print(f"wrote {out} ({time.perf_counter() - clock:.0f} s)")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+if __name__ == "__main__":
+    main()

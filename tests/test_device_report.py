@@ -1,0 +1,50 @@
+"""The GPU session's script (`benchmarks/gpu_on_device.sh`) rehearsed on the CPU at toy size."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import device_report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_values_of_reads_key_value_lines():
+    out = "preset=gpu-qwen3-0.6b device=NVIDIA H100 80GB HBM3 cores=14\njax_step_s=0.25\nx=a b\n"
+    values = device_report.values_of(out)
+    assert values["jax_step_s"] == 0.25 and values["x"] == "a"
+    assert values["device_kind"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_gpu_script_rehearsal_reports_every_part(tmp_path):
+    env = {
+        **os.environ,
+        "CALIBER_DEVICE_REHEARSAL": "1",
+        "PYTHON": sys.executable,
+        "FILINGS": str(REPO / "data" / "sample" / "filings.jsonl.gz"),
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        "JAX_PLATFORMS": "cpu",
+    }
+    result = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_on_device.sh"), "3000"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "device_report.json").read_text())
+    assert report["rehearsal"] is True
+    assert list(report["parts"]) == list(device_report.REQUIRED)
+    for name, keys in device_report.REQUIRED.items():
+        part = report["parts"][name]
+        for key in keys:
+            assert isinstance(part.get(key), float) and math.isfinite(part[key]), (name, key, part)
+        # Each part's result was printed when it ended, before the next part started.
+        assert f"\n{name}: {{" in "\n" + result.stdout
+    # The warm launch read the programs the cold one compiled from the shared cache (it may
+    # add the few the cold one had not built yet when it was stopped).
+    parts = report["parts"]
+    assert 0 <= parts["train_warm"]["cache_files_added"] < parts["train_cold"]["cache_files_added"]
+    assert parts["student_xla"]["ratio_jax_over_torch"] > 0
