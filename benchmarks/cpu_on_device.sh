@@ -44,7 +44,8 @@ EOF
   ;;
 setup|run)
   # setup: the missing wheels into /tmp/site and MiniLM with random weights (benchmarks/
-  # gpu_on_device.sh calls it once, then `bench` beside its GPU work); run: setup, then bench.
+  # session 16's gpu_on_device.sh called it, then `bench` beside its GPU work); run: setup, then
+  # bench.
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
   PYTHONPATH=/tmp/site:$PWD "$PYTHON" - "$OUT/minilm" <<'EOF'
