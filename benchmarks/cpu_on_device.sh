@@ -43,8 +43,8 @@ EOF
   du -sh .whl "$OUT"
   ;;
 setup|run)
-  # setup: the missing wheels into /tmp/site and MiniLM with random weights (benchmarks/
-  # session 16's gpu_on_device.sh called it, then `bench` beside its GPU work); run: setup, then
+  # setup: the missing wheels into /tmp/site and MiniLM with random weights (session 16's
+  # benchmarks/gpu_on_device.sh called it, then `bench` beside its GPU work); run: setup, then
   # bench.
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
