@@ -112,6 +112,10 @@ def values_of(stdout: str) -> dict:
                 values[key] = value
     if device := re.search(r"^preset=\S+ device=(.*?) cores=", stdout, re.MULTILINE):
         values["device_kind"] = device.group(1)
+    # train_throughput: the seconds at which each step shape finished compiling, in order.
+    compiled = re.findall(r"^jax_compiled shape=.* at_s=([\d.]+)", stdout, re.MULTILINE)
+    if compiled:
+        values["jax_compiled_at_s"] = [float(t) for t in compiled]
     return values
 
 

@@ -13,10 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_values_of_reads_key_value_lines():
-    out = "preset=gpu-qwen3-0.6b device=NVIDIA H100 80GB HBM3 cores=14\njax_step_s=0.25\nx=a b\n"
+    out = (
+        "preset=gpu-qwen3-0.6b device=NVIDIA H100 80GB HBM3 cores=14\njax_step_s=0.25\nx=a b\n"
+        "jax_compiled shape=((32, 96), (16, 96)) at_s=21.5\n"
+        "jax_compiled shape=((32, 160), (32, 160)) at_s=40.0\n"
+    )
     values = device_report.values_of(out)
     assert values["jax_step_s"] == 0.25 and values["x"] == "a"
     assert values["device_kind"] == "NVIDIA H100 80GB HBM3"
+    assert values["jax_compiled_at_s"] == [21.5, 40.0]
 
 
 def test_gpu_script_rehearsal_reports_every_part(tmp_path):
