@@ -36,6 +36,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.numgap_quotas_dev = {"magnitude": 125, "polarity": 125, "unit": 75, "period": 26}
     config.prepare.bm25_k = 10
     config.prepare.neighbour_k = 0  # BM25 neighbours searched per training passage; 0 = none
+    # A training question per passage (offline generator; the query-geometry term, issue #37).
+    config.prepare.queries = False
+    # Redraw the training perturbations so each rule of a category is about equally common.
+    config.prepare.balance_rules = False
     config.prepare.numfine_items = 1000  # NumFinE units from held-out documents; 0 = none
 
     config.teacher = ml_collections.ConfigDict()
@@ -75,6 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.worker_count = 0
     config.data.read_threads = 4
     config.data.validate = True
+    config.data.query_length = 32  # training queries' padded token length (loss.query_weight)
 
     config.model = ml_collections.ConfigDict()
     config.model.init_dir = "models/Qwen3-Embedding-0.6B"
@@ -136,6 +141,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.perturb_weight = 1.0
     # Weight of losses.structure_loss: in-batch similarity preservation (issue #16; 0 = off).
     config.loss.structure_weight = 0.0
+    # Weight of losses.query_geometry_loss: (cos(s q, s p) - cos(t q, t p))^2 of the training
+    # queries (prepare.queries) against the batch's x and pi(x) (issue #37; 0 = off).
+    config.loss.query_weight = 0.0
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

@@ -30,6 +30,10 @@ REQUIRED_METADATA = ("teacher", "pooling", "native_dim", "text_hash")
 _LAYOUT_FIELDS = ("num_rows", "dim", "dtype", "chunk_rows")
 # Fields that may differ between a store and a request to reopen it.
 _UNCHECKED_FIELDS = ("created",)
+# Caller fields that may differ too: the path of the passages file a store was made from is
+# provenance (the texts themselves are `text_hash`), so two prepared folders with the same
+# passages share one store (issue #37); the store keeps the path it was made from.
+_PROVENANCE_FIELDS = ("passages",)
 _DTYPES = ("float32", "float16", "bfloat16")
 _METADATA_FILE = "metadata.json"
 _DONE_DIR = "done"
@@ -151,7 +155,7 @@ def create_store(
     if metadata_path.exists():
         existing = _load_metadata(path)
         for key in sorted(set(full) | set(existing)):
-            if key in _UNCHECKED_FIELDS:
+            if key in _UNCHECKED_FIELDS + _PROVENANCE_FIELDS:
                 continue
             if existing.get(key) != full.get(key):
                 raise ValueError(

@@ -109,6 +109,11 @@ def test_create_store_mismatch_names_field(tmp_path):
             teacher.create_store(path, **arguments)
     with pytest.raises(ValueError, match="native_dim"):
         teacher.create_store(tmp_path / "t", num_rows=1, dim=1, chunk_rows=1, metadata={})
+    # The passages file's path is provenance, not identity: the same texts (hash) prepared in
+    # another folder reopen the store, which keeps the path it was made from.
+    moved = {**metadata, "passages": "other/train.jsonl"}
+    shared = teacher.create_store(path, num_rows=10, dim=4, chunk_rows=4, metadata=moved)
+    assert shared.metadata.get("passages") == metadata.get("passages")
 
 
 def test_open_reader_checks_metadata(tmp_path):

@@ -1,0 +1,72 @@
+"""The headline student (issue #37): all-MiniLM-L6-v2 + a fitted W_out, distilled from
+all-mpnet-base-v2 while the numeric objective separates x from pi(x).
+
+    python scripts/study.py --preset headline --filings ../shared/data/financebench/filings.jsonl.gz \
+        --seeds 0,1                          # 20,000 passages, 2,000 steps: CPU days, resumable
+    python scripts/study.py --preset headline-verify \
+        --filings ../shared/data/financebench/filings.jsonl.gz       # the same at a small size
+
+The student and its start are the long mpnet study's (`configs/study_mpnet.py:long`: full MiniLM,
+W_out 384 -> 768 fitted by least squares to the teacher, 20,000 passages of the training filings
+in the same seeded sample and order, 2,000 steps of batch 32, AdamW 1e-4, max length 128), so the
+LEAF/Caliber long runs are its paired baselines. The objective is configs/numeric.py's (alignment
+of s(x) to t(x), the NumGap-aligned `neighbour` hinge with the teacher's neighbour similarity
+from the mpnet vectors, lambda 8, m 0.1, no pull of s(pi x) onto t(pi x), the structure term 50)
+plus the query-geometry term (`loss.query_weight`): (cos(s q, s p) - cos(t q, t p))^2 for a
+training question q per passage (the offline generator of the mining pipeline, from the training
+filings, never FinanceBench) against every x and pi(x) of the batch. docs/numeric.md located the
+retrieval cost of the numeric objective on the passage side (queries do not move, passages do):
+this term lets passages move only where the queries do not look. The perturbations are the three
+categories NumGap tests, with the rules inside each drawn about equally often
+(`prepare.balance_rules`: each scale swap, %/bps, percent/basis points, each direction-word pair).
+Validation passages get a neighbour among the training passages and a question, so `val/*` is the
+trained objective. The weight 50 of the query term is the structure term's; not yet chosen on
+NumGap dev (docs/results.md, "#37 headline student: status").
+
+Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
+clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set.
+Variant `noquery`: without the query term (the ablation that says what it buys).
+"""
+
+import ml_collections
+
+from configs import study_mpnet
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variants = set(arg.split(",")) if arg else set()
+    unknown = variants - {"verify", "noquery"}
+    if unknown:
+        raise ValueError(
+            f"configs/headline.py: unknown variant(s) {sorted(unknown)} (known: verify, noquery)"
+        )
+    config = study_mpnet.get_config("long")
+    config.data.dir = "runs/headline/data"
+    # NumGap's categories only (period edits would be most of the pairs and NumGap does not score
+    # them), each category's rules balanced; neighbours and questions for both splits.
+    config.prepare.categories = ("magnitude", "polarity", "unit")
+    config.prepare.balance_rules = True
+    config.prepare.neighbour_k = 10
+    config.prepare.queries = True
+
+    config.loss.objective = "neighbour"
+    config.loss.lam = 8.0
+    config.loss.margin = 0.1
+    config.loss.perturb_weight = 0.0
+    config.loss.structure_weight = 50.0
+    config.loss.query_weight = 50.0
+    config.data.query_length = 32
+    config.data.validate = True
+    config.eval_at_start = True
+    if "noquery" in variants:
+        config.loss.query_weight = 0.0
+    if "verify" in variants:
+        config.data.dir = "runs/headline_verify/data"
+        config.prepare.max_passages = 1600
+        config.prepare.max_val_passages = 128
+        config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
+        config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}
+        config.num_epochs = 6.0  # 50 steps per epoch at batch 32: 300 steps
+        config.eval_every = 100
+        config.checkpoint_every = 25
+    return config
