@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--install", action="store_true", help="build/install the server if absent")
     parser.add_argument("--port", type=int, default=8011)
-    parser.add_argument("--n_threads", type=int, default=2)
+    parser.add_argument("--n_threads", type=int, default=1)
     parser.add_argument("--n_ctx", type=int, default=2048)
     parser.add_argument("--log", default=None, help="server log file (default: discarded)")
     args = parser.parse_args(argv)

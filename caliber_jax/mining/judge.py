@@ -70,11 +70,26 @@ def judge_prompt(query: str, passage: str) -> str:
     return JUDGE_PROMPT.format(criteria=criteria, query=query, passage=passage)
 
 
+# A grade followed by (the start of) its own Table II line, as the prompt lists them: small
+# models echo the list ("1: No answer", cut by max_tokens). The words must be that grade's.
+_LABELLED_RE = re.compile(r"^\s*\**\s*([1-4])\s*[:.)-]\s*(\S.*?)\s*$", re.DOTALL)
+
+
 def parse_grade(text: str) -> int | None:
     """Strict parse: the whole reply is one grade 1-4, optionally as "Score: 3" (markdown bold
-    and a final period allowed). Anything else ("3 or 4", "5", prose) is None, never a guess."""
+    and a final period allowed), or a grade followed by the opening words of that same grade's
+    Table II criterion ("1: No answer", "4: Explicit answer and perfectly"). Anything else
+    ("3 or 4", "5", prose, "1: Explicit answer") is None, never a guess."""
     match = _GRADE_RE.match(text or "")
-    return int(match.group(1)) if match else None
+    if match:
+        return int(match.group(1))
+    match = _LABELLED_RE.match(text or "")
+    if match:
+        grade, words = int(match.group(1)), " ".join(match.group(2).lower().split())
+        label = TABLE_II[grade].lower()
+        if len(words) >= len("no answer") and (label.startswith(words) or words.startswith(label)):
+            return grade
+    return None
 
 
 def unusable_reason(text: str) -> str:

@@ -61,12 +61,33 @@ def gguf_path() -> Path:
     return path
 
 
+# `python -m llama_cpp.server` with llama.cpp's extra weight buffers (AMX / repacked layouts)
+# off: on the Sapphire Rapids development machine the native build's AMX int8 kernel
+# (ggml_backend_amx_mul_mat) dies with a general protection fault on the first Q4_1 matmul
+# (exit 139), while the plain CPU path gives the same tokens. llama-cpp-python exposes no
+# switch, so the default model params are patched before the server module runs.
+_LAUNCHER = """
+import runpy, sys
+import llama_cpp.llama_cpp as lib
+default = lib.llama_model_default_params
+def params():
+    p = default()
+    p.use_extra_bufts = {extra}
+    return p
+lib.llama_model_default_params = params
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__")
+"""
+
+
 class LlamaServer:
     """`python -m llama_cpp.server` on 127.0.0.1 as a context manager.
 
     SmolLM2 is trained on the ChatML template, so the chat endpoint uses `chat_format="chatml"`;
     `logits_all` makes the completions endpoint return token log-probabilities (InPars
-    selection). The model name the server answers to is `model`.
+    selection). The model name the server answers to is `model`. One thread by default: on a
+    shared, oversubscribed machine ggml's spinning thread barrier made 2 threads ~15x slower
+    than 1 (57 s vs 3.7 s for one short completion at load ~25 on 2 cores).
     """
 
     def __init__(
@@ -76,8 +97,9 @@ class LlamaServer:
         port: int = 8011,
         model: str = "smollm2-135m-instruct",
         n_ctx: int = 2048,
-        n_threads: int = 2,
+        n_threads: int = 1,
         chat_format: str = "chatml",
+        extra_buffers: bool = False,
         startup_seconds: float = 120.0,
         log_path: str | os.PathLike | None = None,
         python: str = sys.executable,
@@ -87,7 +109,8 @@ class LlamaServer:
         self.model = model
         self.base_url = f"http://127.0.0.1:{port}/v1"
         self.command = [
-            python, "-m", "llama_cpp.server", "--model", str(self.model_path),
+            python, "-c", _LAUNCHER.format(extra=bool(extra_buffers)),
+            "--model", str(self.model_path),
             "--model_alias", model, "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", str(n_ctx), "--n_threads", str(n_threads),
             "--n_threads_batch", str(n_threads), "--chat_format", chat_format,

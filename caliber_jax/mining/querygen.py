@@ -135,6 +135,15 @@ Document: {document}
 Relevant Query:"""  # noqa: E501
 
 
+# The queries of the prompt's examples: a generation that repeats one copied the prompt, not
+# the document (a small model's failure), and is no query of this chunk.
+EXAMPLE_QUERIES = frozenset(
+    line.split(":", 1)[1].strip().lower()
+    for line in INPARS_PROMPT.splitlines()
+    if line.startswith("Relevant Query:") and line.split(":", 1)[1].strip()
+)
+
+
 def parse_query(text: str) -> str | None:
     """The first non-empty line of a generation, without a "Relevant Query:" label or quotes."""
     for line in text.strip().splitlines():
@@ -198,7 +207,10 @@ class OpenAIQueryGenerator:
             texts = client_lib.choice_texts(response)
             scores = client_lib.choice_mean_logprobs(response)
             query = parse_query(texts[0]) if texts else None
-            if query is None:
+            if query is not None and query.lower() in EXAMPLE_QUERIES:
+                query = None
+                self.unusable["copied a prompt example"] += 1
+            elif query is None:
                 self.unusable[f"request failed: {failed}" if failed else "empty generation"] += 1
             out.append((query, scores[0] if scores and query else None))
         return out
