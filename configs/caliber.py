@@ -99,12 +99,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.remat = "none"
     config.model.attention = "xla"
     # True runs the layers as one lax.scan (`layers.apply_layers`): one layer traced and compiled
-    # instead of L. At this config's real shape (28 layers, batch 32 x 512 + 16 pi(x) rows) the
-    # step's program is half the size (39.7K vs 79.9K HLO instructions), traced in 5 vs 37 s and
-    # compiled in 306 vs 1,054 s on a shared 2-core CPU, and XLA's CPU buffers need 12.8 vs
-    # 140.8 GB (remat "full"; BENCHMARKS.md, benchmarks/compile_real_shape.py). It does not pay at 3 or 6 layers: the CPU configs
-    # (configs/demo.py and those built on it) keep it off.
-    config.model.scan_layers = True
+    # instead of L. At this config's real step (28 layers, batch 32 x 512 + 16 pi(x) rows) the
+    # scanned program is half the size (39.7K vs 79.9K HLO instructions) but XLA:CPU compiled it
+    # in more CPU time, not less (50.0 vs 25.0 s with remat "full", 34.2 vs 22.2 s without;
+    # BENCHMARKS.md, benchmarks/compile_real_shape.py), and at 3 or 6 layers it also stepped
+    # slower. Off until a GPU measurement (benchmarks/gpu_on_device.sh) shows it pays there.
+    config.model.scan_layers = False
 
     config.batch_size = 32
     config.tensorboard = True  # TensorBoard scalars beside metrics.jsonl

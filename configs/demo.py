@@ -74,9 +74,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     config.model.init_dir = minilm_dir()
     config.model.num_layers = 3
-    # Unrolled: at 3 or 6 layers the scanned layers compiled slower and stepped 6-13% slower on
-    # a CPU (BENCHMARKS.md); they pay for deep models (configs/caliber.py, 28 layers).
-    config.model.scan_layers = False
     config.model.dtype = "float32"
 
     config.num_epochs = 1.0
