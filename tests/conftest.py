@@ -83,3 +83,22 @@ def prepare_sample(out: Path) -> Path:
         max_val_passages=16,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def teacher_data_dir(tmp_path_factory) -> Path:
+    """`prepare_sample` with all-MiniLM-L6-v2 teacher stores (demo config, 48 tokens, chunks of
+    16 rows), built once per session for the single- and multi-process training tests (read
+    only: every test writes under its own workdir)."""
+    import subprocess
+    import sys
+
+    out = prepare_sample(tmp_path_factory.mktemp("teacher_data"))
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.embed_teacher", f"--config={REPO / 'configs/demo.py'}",
+         f"--config.data.dir={out}", "--config.teacher.max_length=48",
+         "--config.teacher.chunk_rows=16"],
+        cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out

@@ -31,6 +31,36 @@ def test_study_smoke_runs_every_stage(tmp_path):
         assert f"## Paired comparisons, {table} (n = " in report, table
     assert "| Caliber s0 | LEAF s0 |" in report
     assert any((out / "figures").glob("*.png"))
+    # The last lines: every row computed now, then what the demo's numbers do and do not show.
+    lines = result.stdout.strip().splitlines()
+    assert "study: computed now: Initial, Teacher, LEAF s0, Caliber s0" in lines
+    assert "study: restored from records: none" in lines
+    epilogue = _study_module().DEMO_EPILOGUE.splitlines()
+    assert lines[-len(epilogue) :] == epilogue
+
+
+def _study_module():
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("study_script", REPO / "scripts" / "study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_epilogue_quotes_the_docs_figures():
+    """The demo's closing figures are the ones docs/results.md and docs/numeric.md measured."""
+    epilogue = _study_module().DEMO_EPILOGUE
+    results = (REPO / "docs" / "results.md").read_text()
+    numeric = (REPO / "docs" / "numeric.md").read_text()
+    assert "the whole study 44 minutes" in results and "44 minutes" in epilogue
+    assert "0.0069 (LEAF s0) to 0.0131 (m 0.05)" in results and "0.0069 for LEAF -> 0.0131" in (
+        epilogue
+    )
+    assert "--preset full --filings" in results and "--preset full --filings" in epilogue
+    assert "1,000-step point is ~95 minutes" in numeric and "~95 minutes" in epilogue
+    assert "test NumGap-D **0.2654**" in numeric and "NumGap-D 0.27" in epilogue
 
 
 def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):

@@ -234,6 +234,20 @@ def test_sweep_runs_trains_and_scores_derived_points(tmp_path):
     assert (tmp_path / "record" / "points" / f"{name}_w0.5.json").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert {p["name"] for p in summary["points"]} == set(points)
+    # Each point records the hashes it was computed with; a fresh output on the same data and
+    # config restores every one of them (the hashes computed on restore are the recorded ones),
+    # trains and evaluates nothing, and ends by saying so.
+    assert all(p["provenance"]["restored"] is False for p in points.values())
+    fresh = [*command[:command.index("--output") + 1], str(tmp_path / "fresh"),
+             *command[command.index("--output") + 2:]]  # fmt: skip
+    again = subprocess.run(fresh, cwd=REPO, check=True, env=env, timeout=300,
+                           capture_output=True, text=True)  # fmt: skip
+    assert "sweep: computed now: none" in again.stdout, again.stdout[-3000:]
+    assert not (tmp_path / "fresh" / "runs").exists()  # nothing trained
+    restored = {p["name"]: p for p in sweep_points(tmp_path / "fresh")}
+    assert set(restored) == set(points)
+    assert all(p["provenance"]["restored"] is True for p in restored.values())
+    assert "(restored @" in (tmp_path / "fresh" / "sweep.md").read_text()
 
 
 def sweep_points(out):

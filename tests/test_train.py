@@ -32,13 +32,10 @@ TINY = [
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, minilm_dir):
-    """Prepared demo-sample passages and real all-MiniLM-L6-v2 teacher vectors (small)."""
-    out = prepare_sample(tmp_path_factory.mktemp("data"))
-    result = run_module("caliber_jax.embed_teacher", f"--config.data.dir={out}",
-                        "--config.teacher.max_length=48")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def data_dir(teacher_data_dir):
+    """Prepared demo-sample passages and real all-MiniLM-L6-v2 teacher vectors (small), shared
+    with the multi-process tests (tests/conftest.py)."""
+    return teacher_data_dir
 
 
 def run_module(module, *args, wait=True):

@@ -143,15 +143,8 @@ def prepared_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def data_dir(prepared_dir, tmp_path_factory) -> Path:
-    """The prepared passages with single-process all-MiniLM-L6-v2 teacher stores."""
-    out = tmp_path_factory.mktemp("data")
-    for path in prepared_dir.iterdir():
-        if path.is_file():
-            (out / path.name).write_bytes(path.read_bytes())
-    result = subprocess.run(
-        module("caliber_jax.embed_teacher", f"--config.data.dir={out}", *EMBED),
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def data_dir(teacher_data_dir) -> Path:
+    """The prepared passages with single-process all-MiniLM-L6-v2 teacher stores (`EMBED`'s
+    settings), the same directory as tests/test_train.py's (built once per session)."""
+    assert EMBED == ["--config.teacher.max_length=48", "--config.teacher.chunk_rows=16"]
+    return teacher_data_dir
