@@ -66,6 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=str(common.REPO_ROOT / "runs" / "compile_real_shape.json"))
     parser.add_argument("--config", default="configs/caliber.py")
     parser.add_argument("--num-layers", type=int, default=None, help="default: the model's 28")
+    parser.add_argument("--model", default="qwen3-0.6b", choices=sorted(common.QWEN3_SHAPES))
+    parser.add_argument(
+        "--pert-share",
+        type=float,
+        default=0.4,
+        help="share of the batch's rows with a pi(x) (1.0: P = B, the epoch's largest batches)",
+    )
     parser.add_argument("--max-length", type=int, default=None, help="default: the config's")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per step part")
@@ -102,7 +109,7 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         config.data.max_length = args.max_length
     if args.batch_size:
         config.batch_size = args.batch_size
-    model_config = common.QWEN3_EMBEDDING_0_6B
+    model_config = common.QWEN3_SHAPES[args.model]
     if args.num_layers:
         model_config = dataclasses.replace(model_config, num_hidden_layers=args.num_layers)
     dtype = jnp.dtype(config.model.dtype)
@@ -172,7 +179,9 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         pooled_shape=(2 * config.batch_size, model_config.hidden_size),
     )  # fmt: skip
     jitted = train_step.jitted
-    batch = longest_batch(config, spec.out_dim or model_config.hidden_size, tokenization, pipeline)
+    batch = longest_batch(
+        config, spec.out_dim or model_config.hidden_size, args.pert_share, tokenization, pipeline
+    )
     if abstract:
         batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
     info = {
@@ -183,15 +192,19 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
     return jitted, state, batch, weights, info
 
 
-def longest_batch(config, dim: int, tokenization, pipeline) -> dict:
-    """The loader's batch of B passages longer than max_length, 40% (rounded) with a pi(x)."""
+def longest_batch(config, dim: int, pert_share: float, tokenization, pipeline) -> dict:
+    """The loader's batch of B passages longer than max_length, `pert_share` of them (rounded)
+    with a pi(x)."""
     import numpy as np
 
     tokenizer = tokenization.build_qwen3_tokenizer()
     rows, length = config.batch_size, config.data.max_length
     # "w0 w1 ..." passes max_length; pi(x) changes one number, same length.
     texts = [" ".join(f"{row} {i}" for i in range(length)) for row in range(rows)]
-    perturbed = [t.replace(" 7 ", " 8 ", 1) if row % 5 < 2 else "" for row, t in enumerate(texts)]
+    perturbed = [
+        t.replace(" 7 ", " 8 ", 1) if row < round(pert_share * rows) else ""
+        for row, t in enumerate(texts)
+    ]
 
     def tokenize_fn(batch, max_length):
         return tokenization.tokenize(tokenizer, batch, max_length=max_length)
@@ -317,7 +330,8 @@ def main(argv=None) -> None:
     results = json.loads(out.read_text()) if out.exists() else {}
     results["cpu"] = common.cpu_description()
     results.setdefault("parts", {})
-    forwarded = [f"--config={args.config}", f"--steps={args.steps}"]
+    forwarded = [f"--config={args.config}", f"--steps={args.steps}", f"--model={args.model}",
+                 f"--pert-share={args.pert_share}"]  # fmt: skip
     for flag in ("num_layers", "max_length", "batch_size"):
         if getattr(args, flag):
             forwarded.append(f"--{flag.replace('_', '-')}={getattr(args, flag)}")

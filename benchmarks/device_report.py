@@ -17,6 +17,10 @@ Parts, in order, each a subprocess under its own time limit and all of them unde
     time, tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory.
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
     Qwen3-Embedding-8B-shaped weights, bf16 compute, JAX only): passages/s, tokens/s, MFU.
+  worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
+    tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
+    of the config's step with its layers unrolled and scanned (the config's remat), if time is
+    left: does the scan pay on the GPU, and does the worst batch fit.
 Each part's result is printed when it ends and the JSON file is rewritten atomically, so a run
 cut short keeps every part it finished. `CALIBER_DEVICE_REHEARSAL=1` runs the same parts on the
 CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, batch 8 and "xla" attention
@@ -58,12 +62,16 @@ REQUIRED = {
         "jax_passages_per_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
         "jax_peak_memory_bytes",
     ),
+    "worst_shape_compile": (
+        "unrolled_compile_s", "unrolled_xla_temp_bytes", "scan_compile_s", "scan_xla_temp_bytes",
+        "xla_argument_bytes",
+    ),
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
 LIMITS = {"setup": 60, "train_cold": 110, "train_warm": 45, "student_xla": 110,
-          "student_cudnn": 60, "teacher_8b_encode": 70}  # fmt: skip
+          "student_cudnn": 60, "teacher_8b_encode": 70, "worst_shape_compile": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
 # Sizes: the real shapes, or the rehearsal's toy ones.
@@ -84,6 +92,7 @@ SIZES = {
         if REHEARSAL else ["--passages", "1024", "--repeats", "2"]
     ),
     "config": ["--config.data.max_length=64", "--config.batch_size=8"] if REHEARSAL else [],
+    "compile": ["--max-length", "64", "--batch-size", "8"] if REHEARSAL else [],
 }  # fmt: skip
 
 
@@ -220,6 +229,26 @@ def train_launch(args, work: Path, name: str, limit: float) -> dict:
     }
 
 
+def worst_shape_compile(args, work: Path, remat: str, limit: float) -> dict:
+    """compile_real_shape.py's two compile parts at the worst batch, flattened."""
+    out = work / "worst_shape_compile.json"
+    flags = ["--out", str(out), "--pert-share", "1.0", "--model", SIZES["student"],
+             "--parts", f"compile-unrolled-{remat},compile-scan-{remat}", "--timeout-s",
+             str(int(limit) - 10), *SIZES["compile"]]  # fmt: skip
+    result = run_benchmark(args, "compile_real_shape.py", flags, limit)
+    parts = json.loads(out.read_text())["parts"] if out.exists() else {}
+    for layout in ("unrolled", "scan"):
+        part = parts.get(f"compile-{layout}-{remat}", {})
+        for key in ("trace_s", "lower_s", "compile_s", "hlo_instructions", "xla_temp_bytes",
+                    "error"):  # fmt: skip
+            if key in part:
+                result[f"{layout}_{key}"] = part[key]
+        if "xla_argument_bytes" in part:
+            result["xla_argument_bytes"] = float(part["xla_argument_bytes"])
+    result["remat"] = remat
+    return {k: float(v) if isinstance(v, int) and k != "rc" else v for k, v in result.items()}
+
+
 def _files(directory: Path) -> int:
     """Files under `directory` (the persistent cache's entries, the autotuner's included)."""
     return sum(1 for path in directory.rglob("*") if path.is_file()) if directory.exists() else 0
@@ -243,6 +272,8 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
         # cuDNN's kernel needs a GPU: the CPU rehearsal runs the same part with XLA attention.
         flags += ["--jax-attention", "xla" if REHEARSAL else attention]
         return run_benchmark(args, "train_throughput.py", flags, limit)
+    if name == "worst_shape_compile":
+        return worst_shape_compile(args, work, model.remat, limit)
     if name == "teacher_8b_encode":
         flags = ["--preset", "gpu-qwen3-8b-encode", "--model", SIZES["teacher"], "--skip-torch",
                  "--filings", args.filings, "--record-stride", "1",
