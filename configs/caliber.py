@@ -95,8 +95,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.w_out_fit_rows = 4096
     config.model.w_out_ridge = 1e-4
     # Per-layer rematerialisation: "none", "full" (recompute each layer) or "dots" (keep matmul
-    # outputs); attention: "xla" or "cudnn" (GPU, bf16, right-padded batches).
-    config.model.remat = "none"
+    # outputs); attention: "xla" or "cudnn" (GPU, bf16, right-padded batches). "dots" because
+    # of the epoch's 512-token batches: XLA:CPU's buffer assignment of this step (batch 32 x 512
+    # + 16 pi(x) rows, layers scanned) is 6.7 GiB of state + 39.7 GiB of temporaries with it,
+    # + 145 GiB with "none" (beyond an 80 GB GPU: "xla" attention keeps every layer's [B, N, T, T]
+    # probabilities) and + 12.0 GiB with "full" (BENCHMARKS.md; benchmarks/compile_real_shape.py).
+    # Unrolled, XLA:CPU gave 131 GiB with or without remat; gpu_on_device.sh checks the GPU's.
+    config.model.remat = "dots"
     config.model.attention = "xla"
     # True runs the layers as one lax.scan (`layers.apply_layers`): one layer traced and compiled
     # instead of L. At this config's real step (28 layers, batch 32 x 512 + 16 pi(x) rows) the

@@ -75,6 +75,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.init_dir = minilm_dir()
     config.model.num_layers = 3
     config.model.dtype = "float32"
+    # No rematerialisation (configs/caliber.py's "dots" is for a 28-layer model's 512-token
+    # batches on a GPU): MiniLM's activations at 128 tokens fit, and recomputing costs CPU time.
+    config.model.remat = "none"
 
     config.num_epochs = 1.0
     config.optim.lr = 5e-4  # a 3-layer cut starts far from its teacher: 1e-4 barely moves it
