@@ -38,14 +38,14 @@ class ChunkedGradFn:
     def __call__(self, params, host_batch, weights):
         """One batch's gradients and metrics.
 
-        Every group's forward and backward program sums over all devices (cross-process
-        collectives when the mesh spans processes), and JAX issues them without waiting: a step
-        puts 2G + 3 such programs in flight, and the CPU runtime holds up to 32 per device. With
-        two processes that deadlocked within a few steps (issue #34: three devices in a gloo
-        all-reduce, the fourth device's next launch waiting for a free slot of those 32, none
-        of its queued programs running). `in_order` waits for each program to finish before
-        issuing the next, so one program with collectives is in flight at a time, the same one
-        on every process.
+        Every group's forward and backward program sums over all devices (all-reduces, across
+        processes when the mesh spans them), and JAX issues them without waiting: a step puts
+        2G + 3 such programs in flight, and the CPU runtime holds up to 32 per device. That
+        deadlocked within a few steps (issue #34), with 2 processes x 2 devices and with 1
+        process x 4 devices alike: some devices waiting in a gloo all-reduce, the others' next
+        launch waiting for a free slot of those 32, none of their queued programs running.
+        `in_order` waits for each program to finish before issuing the next, so one program
+        with collectives is in flight at a time, the same one on every process.
         """
         count = host_batch["packed_ids"].shape[0]
         if count % self.rows:
@@ -91,7 +91,7 @@ def make_chunked_grad(
       rows: packed rows per group, per process; a multiple of the local device count.
       pooled_shape: (S, D): 2B sequence slots by the encoder width.
       in_order: wait for each program before issuing the next (`ChunkedGradFn.__call__`):
-        needed where the mesh spans several processes on the CPU runtime.
+        needed on the CPU runtime with several devices.
     """
     if rows < 1 or rows % jax.local_device_count():
         raise ValueError(

@@ -35,7 +35,8 @@ class TrainingPath:
       chunk_rows: packed rows per group and process ("chunked"), else 0.
       scan_layers: the encoder's layers as one `lax.scan`.
       compile_ahead: each batch shape's program compiled on a background thread ahead of its step.
-      in_order: each program with cross-process collectives finishes before the next is issued.
+      in_order: each program with collectives finishes before the next is issued (CPU runs of
+        several devices).
       reasons: (field, why) for each choice.
     """
 
@@ -118,12 +119,15 @@ def choose(
         reasons.append(("compile_ahead", f"compile_ahead={compile_ahead}"))
     reasons.append(("scan_layers", f"scan_layers={scan_layers}"))
 
-    # The CPU runtime lets several issued programs with cross-process (gloo) collectives be in
-    # flight at once, and a run of many such programs deadlocked there (issue #34,
+    # On the CPU runtime, dozens of issued programs with all-reduces over several devices in
+    # flight deadlocked (issue #34: 2 processes x 2 devices, and 1 process x 4 devices; see
     # grad_chunks.ChunkedGradFn); accelerators order them on their streams.
-    in_order = platform == "cpu" and process_count > 1
+    devices = process_count * local_devices
+    in_order = platform == "cpu" and devices > 1
     if in_order:
-        reasons.append(("in_order", f"CPU collectives across {process_count} processes"))
+        reasons.append(
+            ("in_order", f"CPU collectives over {devices} devices, {process_count} process(es)")
+        )
     return TrainingPath(
         layout=layout,
         step_form=step_form,

@@ -29,15 +29,17 @@ def test_demo_on_a_cpu_packs_and_chunks_without_compile_ahead():
     path = choose(demo.get_config(), local_devices=8)
     assert (path.layout, path.step_form) == ("packed", "chunked")
     assert path.chunk_rows == math.lcm(4, 8) == 8  # groups shared by the process's devices
-    assert not path.compile_ahead and not path.in_order and not path.scan_layers
+    assert not path.compile_ahead and not path.scan_layers
     line = path.describe()
     assert "layout=packed" in line and "step=chunked (groups of 8 rows)" in line
     assert "grad_chunk_rows=4" in line
 
 
-def test_several_cpu_processes_run_collective_programs_in_order():
+def test_cpu_runs_of_several_devices_run_collective_programs_in_order():
     assert choose(demo.get_config(), process_count=2).in_order
+    assert choose(demo.get_config(), local_devices=4).in_order  # 1 x 4 deadlocked too
     assert choose(caliber.get_config(), process_count=2).in_order  # every step form on the CPU
+    assert not choose(demo.get_config(), local_devices=1).in_order  # no collectives: async
     assert not choose(caliber.get_config(), platform="gpu", process_count=2).in_order
 
 
