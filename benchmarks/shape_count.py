@@ -36,7 +36,8 @@ from caliber_jax.data import pipeline  # noqa: E402
 
 DEFAULT_LAYOUTS = (
     "ladder-32x1.5-p16,ladder-32x1.5-p0,ladder-32x1.5-p32,ladder-64x2-p16,ladder-64x2-p32,"
-    "ladder-128x2-p16,ladder-128x2-p32,ladder-128x2-p8,fixed-p16,fixed-p32,packed-r4,packed-r8"
+    "ladder-128x2-p16,ladder-128x2-p32,ladder-128x2-p8,ladder-32x1.5-p24,ladder-64x2-p24,"
+    "ladder-128x2-p24,fixed-p16,fixed-p24,fixed-p32,packed-r4,packed-r8"
 )
 
 
@@ -142,6 +143,10 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="configs/caliber.py")
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
     parser.add_argument("--out", default=str(common.REPO_ROOT / "runs" / "shape_count.json"))
+    parser.add_argument(
+        "--lengths-cache",
+        help=".npz of the token lengths: read if it exists, else written (skips the tokenizer)",
+    )
     args = parser.parse_args(argv)
     config = common.load_config(args.config)
     max_length = config.data.max_length
@@ -151,16 +156,26 @@ def main(argv=None) -> None:
     def tokenize_fn(batch, length):
         return tokenization.tokenize(tokenizer, batch, max_length=length)
 
-    start = time.perf_counter()
-    lengths = pipeline.token_lengths(tokenize_fn, texts, max_length)
-    pert_lengths = pipeline.token_lengths(tokenize_fn, perturbed, max_length)
-    tokenize_s = time.perf_counter() - start
+    cache = Path(args.lengths_cache) if args.lengths_cache else None
+    tokenize_s = tokenize_cpu_s = float("nan")
+    if cache is not None and cache.exists():
+        with np.load(cache) as saved:
+            lengths, pert_lengths = saved["lengths"], saved["pert_lengths"]
+    else:
+        start, cpu = time.perf_counter(), time.process_time()
+        lengths = pipeline.token_lengths(tokenize_fn, texts, max_length)
+        pert_lengths = pipeline.token_lengths(tokenize_fn, perturbed, max_length)
+        tokenize_s, tokenize_cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        if cache is not None:
+            np.savez(cache, lengths=lengths, pert_lengths=pert_lengths)
     both = np.concatenate([lengths, pert_lengths[[bool(p) for p in perturbed]]])
     result = {
         "cpu": common.cpu_description(),
         "passages": len(texts),
         "perturbed_share": float(np.mean([bool(p) for p in perturbed])),
         "token_lengths_s": tokenize_s,
+        "token_lengths_cpu_s": tokenize_cpu_s,
+        "load_1m": os.getloadavg()[0],
         "length_percentiles": {
             str(q): int(np.percentile(both, q)) for q in (1, 10, 50, 90, 99, 100)
         },
