@@ -40,6 +40,8 @@ def classify_cache(cache_dir: Path) -> dict[str, collections.Counter]:
             score = (client_lib.choice_mean_logprobs(response) or [None])[0]
             if query is None:
                 out[stage]["no query line" if text.strip() else "empty"] += 1
+            elif query.lower() in querygen.EXAMPLE_QUERIES:
+                out[stage]["copied a prompt example"] += 1
             elif score is None:
                 out[stage]["no log-probabilities"] += 1
             else:

@@ -78,8 +78,8 @@ _LABELLED_RE = re.compile(r"^\s*\**\s*([1-4])\s*[:.)-]\s*(\S.*?)\s*$", re.DOTALL
 def parse_grade(text: str) -> int | None:
     """Strict parse: the whole reply is one grade 1-4, optionally as "Score: 3" (markdown bold
     and a final period allowed), or a grade followed by the opening words of that same grade's
-    Table II criterion ("1: No answer", "4: Explicit answer and perfectly"). Anything else
-    ("3 or 4", "5", prose, "1: Explicit answer") is None, never a guess."""
+    Table II criterion ("1: No answer", "4: Explicit"). Anything else ("3 or 4", "5", prose,
+    "1: Explicit answer", "4: Ex") is None, never a guess."""
     match = _GRADE_RE.match(text or "")
     if match:
         return int(match.group(1))
@@ -87,7 +87,8 @@ def parse_grade(text: str) -> int | None:
     if match:
         grade, words = int(match.group(1)), " ".join(match.group(2).lower().split())
         label = TABLE_II[grade].lower()
-        if len(words) >= len("no answer") and (label.startswith(words) or words.startswith(label)):
+        # Whole words only ("4: Explicit", not "4: Ex"): the digit decides, the words agree.
+        if words.startswith(label) or (label.startswith(words) and label[len(words)] in " -"):
             return grade
     return None
 

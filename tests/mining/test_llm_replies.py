@@ -15,7 +15,9 @@ from caliber_jax.mining import judge, querygen
         ("3) Partial answer and moderately relevant - The query is relevant", 3),
         ("1: Explicit answer", None),  # the words belong to grade 4: inconsistent
         ("4: No answer", None),
-        ("1: No", None),  # too short to tell grade 1's words from grade 2's
+        ("4: Explicit", 4),  # measured, max_tokens=4
+        ("1: No", 1),  # the digit decides; the words only must not contradict it
+        ("4: Ex", None),  # a cut word
         ("1: The passage", None),
         ("5: No answer", None),
     ],
