@@ -29,6 +29,11 @@ def git_commit(repo: str | os.PathLike = _REPO) -> str:
     outside a git checkout (an installed wheel)."""
     git = dict(cwd=repo, check=True, capture_output=True, text=True)
     try:
+        # Only this package's own checkout: an installed copy inside another repository (a venv
+        # under someone's project) must not report that project's commit.
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], **git).stdout.strip()
+        if Path(top).resolve() != Path(repo).resolve():
+            return UNKNOWN
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **git).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], **git).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
