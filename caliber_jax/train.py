@@ -38,7 +38,7 @@ from caliber_jax import (
     w_out_init,
     watchdog,
 )
-from caliber_jax.data import pipeline
+from caliber_jax.data import length_cache, pipeline
 from caliber_jax.embedder import Embedder, resolve_dtype
 from caliber_jax.models import embedding
 
@@ -167,9 +167,12 @@ def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath
     )
 
 
-def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int):
+def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int, cache=None):
     """Token lengths of every x and pi(x) ([N], [N]): each process tokenizes only its 1/P share
-    of the rows, then all processes gather the rest."""
+    of the rows, then all processes gather the rest. `cache` (`length_cache.cache_path`): read
+    from there when it holds them, else written there (by process 0) once computed."""
+    if cache is not None and (kept := length_cache.load(cache, len(source))) is not None:
+        return kept
     count, index, rows = jax.process_count(), jax.process_index(), len(source)
     share = -(-rows // count)
     start, stop = min(index * share, rows), min((index + 1) * share, rows)
@@ -181,7 +184,25 @@ def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int
     if count > 1:
         mine = multihost_utils.process_allgather(mine)  # [P, 2, share]
         mine = np.transpose(mine, (1, 0, 2)).reshape(2, count * share)
-    return mine[0, :rows].astype(np.int64), mine[1, :rows].astype(np.int64)
+    lengths, pert_lengths = mine[0, :rows].astype(np.int64), mine[1, :rows].astype(np.int64)
+    if cache is not None and index == 0:
+        try:
+            length_cache.save(cache, lengths, pert_lengths)
+        except OSError as error:  # a read-only data dir: tokenize again next launch
+            logging.warning("token lengths not kept at %s: %s", cache, error)
+    return lengths, pert_lengths
+
+
+def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: str):
+    """Where a split's token lengths are kept (`length_cache`): tokenized once per corpus,
+    tokenizer and max_length, not at every launch."""
+    return length_cache.cache_path(
+        config.data.dir,
+        split,
+        passages=data_paths(config.data.dir, split)[0],
+        tokenizer_dir=tokenizer_dir,
+        max_length=config.data.max_length,
+    )
 
 
 def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec, dict[str, Any]]:
@@ -449,7 +470,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
     max_length = config.data.max_length
-    lengths = corpus_lengths(train_source, tokenize_fn, max_length=max_length)
+    lengths = corpus_lengths(
+        train_source, tokenize_fn, max_length=max_length,
+        cache=lengths_cache(config, "train", tokenizer_dir),
+    )  # fmt: skip
     loader = make_loader(
         config, train_source, tokenize_fn, pad_id=pad_id, train=True, process_rows=process_rows,
         lengths=lengths,
@@ -476,7 +500,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         val_factory = functools.partial(
             make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
             process_rows=process_rows,
-            lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length),
+            lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length,
+                                   cache=lengths_cache(config, "val", tokenizer_dir)),
         )  # fmt: skip
 
     # tensorboardX writes gs:// and s3:// logdirs itself.
