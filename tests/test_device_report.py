@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import device_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +26,9 @@ def test_values_of_reads_key_value_lines():
     assert values["jax_compiled_at_s"] == [21.5, 40.0]
 
 
+# Eight Python launches (two of caliber_jax.train, three benchmarks, two compiles): over a
+# minute on 2 cores even at toy size (7.6 min on a machine at load 20-25, BENCHMARKS.md).
+@pytest.mark.slow
 def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     env = {
         **os.environ,
