@@ -195,9 +195,11 @@ def train_launch(args, work: Path, name: str, limit: float) -> dict:
     while True:
         now = time.perf_counter() - start
         if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                row = json.loads(line)
-                seen.setdefault(int(row["step"]), (now, row))
+            # Whole lines only: the run may be half-way through appending one.
+            for line in metrics.read_text().splitlines(keepends=True):
+                if line.endswith("\n"):
+                    row = json.loads(line)
+                    seen.setdefault(int(row["step"]), (now, row))
         if seen and first is None:
             first = min(t for t, _ in seen.values())
         # Enough steps, or the later steps wait on compiles for longer than the part allows.
