@@ -89,7 +89,7 @@ SIZES = {
     "encode": (
         ["--max-length", "64", "--batch-size", "16", "--passages", "32", "--repeats", "1",
          "--peak-flops", "1e12"]
-        if REHEARSAL else ["--passages", "1024", "--repeats", "2"]
+        if REHEARSAL else ["--passages", "512", "--repeats", "2"]
     ),
     "config": ["--config.data.max_length=64", "--config.batch_size=8"] if REHEARSAL else [],
     "compile": ["--max-length", "64", "--batch-size", "8"] if REHEARSAL else [],

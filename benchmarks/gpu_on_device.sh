@@ -49,5 +49,7 @@ if [[ -z "${CALIBER_DEVICE_REHEARSAL:-}" ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   "$PYTHON" -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__)"
 fi
+# PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode.
 exec "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
-  --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON"
+  --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" \
+  ${PARTS:+--parts "$PARTS"}
