@@ -56,14 +56,17 @@ def classify_cache(cache_dir: Path) -> dict[str, collections.Counter]:
             out[stage]["replies"] += 1
             if not lines:
                 out[stage]["empty reply"] += 1
-            seen: set[str] = set()
+            prompt = request["messages"][0]["content"]
+            shots = prompt.split("# Example of queries:\n", 1)[-1].split("\n\ngenerate", 1)[0]
+            exemplars = {line.strip().lower() for line in shots.splitlines() if line.strip()}
             for line in lines:
-                query = querygen.accept_query(line, min_words=5, seen=seen)
+                query = querygen.accept_query(line, min_words=5, seen=exemplars)
                 if query:
-                    seen.add(query.lower())
-                    out[stage]["lines accepted"] += 1
+                    out[stage]["lines accepted (before cross-reply dedup)"] += 1
+                elif querygen.accept_query(line, min_words=5, seen=set()):
+                    out[stage]["lines repeating an exemplar"] += 1
                 else:
-                    out[stage]["lines rejected"] += 1
+                    out[stage]["lines too short or not a question"] += 1
     return out
 
 
