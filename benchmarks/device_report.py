@@ -131,20 +131,20 @@ def values_of(stdout: str) -> dict:
 def run_benchmark(args, script: str, flags: list[str], limit: float) -> dict:
     """A benchmark script's `key=value` figures (and its exit status)."""
     command = [args.python, str(common.REPO_ROOT / "benchmarks" / script), *flags]
+    # Its own process group: a timeout stops its subprocesses too (compile_real_shape's parts).
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=common.REPO_ROOT, start_new_session=True)  # fmt: skip
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
-                              cwd=common.REPO_ROOT)  # fmt: skip
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as expired:
-        out, err, rc = _text(expired.stdout), _text(expired.stderr), "timeout"
+        out, err = proc.communicate(timeout=limit)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = "timeout"
     result = {**values_of(out), "rc": rc}
     if rc != 0:
         result["stderr_tail"] = err.strip().splitlines()[-5:]
     return result
-
-
-def _text(data) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def setup(args, work: Path) -> dict:
