@@ -201,6 +201,7 @@ class ArraySource:
     """A stacked test batch as a `pipeline.TrainSource`: each text is its space-separated ids."""
 
     neighbours = None
+    teacher_q = None  # no training queries (the query-geometry term's store)
 
     def __init__(self, batch):
         def as_texts(prefix):
