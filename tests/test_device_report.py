@@ -27,7 +27,7 @@ def test_values_of_reads_key_value_lines():
 
 
 # Eight Python launches (two of caliber_jax.train, three benchmarks, two compiles): over a
-# minute on 2 cores even at toy size (7.6 min on a machine at load 20-25, BENCHMARKS.md).
+# minute on 2 cores even at toy size (3.3 min at load ~15, 7.6 at load 20-25; BENCHMARKS.md).
 @pytest.mark.slow
 def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     env = {
