@@ -1,0 +1,38 @@
+"""benchmarks/compile_real_shape.py at toy size: every phase timed, the JSON resumable."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(out, *parts):
+    command = [
+        sys.executable, str(REPO / "benchmarks" / "compile_real_shape.py"), "--out", str(out),
+        "--model", "qwen3-tiny", "--num-layers", "1", "--max-length", "32", "--batch-size", "4",
+        "--min-available-gib", "0", "--parts", ",".join(parts),
+    ]  # fmt: skip
+    # One CPU device, as on the machine it measures (conftest gives tests eight).
+    env = {**os.environ, "XLA_FLAGS": ""}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(out.read_text())["parts"]
+
+
+def test_compile_and_step_parts_report_their_figures(tmp_path):
+    out = tmp_path / "c.json"
+    _, parts = run(out, "compile-scan-dots", "step-unrolled-none")
+    compiled = parts["compile-scan-dots"]
+    for key in ("trace_s", "lower_s", "compile_s", "compile_cpu_s", "peak_rss_bytes"):
+        assert compiled[key] > 0, key
+    assert compiled["hlo_instructions"] > 100 and compiled["xla_argument_bytes"] > 0
+    assert compiled["batch_shapes"]["input_ids"] == [4, 32] and compiled["layers"] == 1
+    stepped = parts["step-unrolled-none"]
+    assert len(stepped["step_s"]) == 1 and stepped["step_s"][0] > 0
+    assert 0 < stepped["real_tokens"] <= stepped["token_slots"]
+    # A second run skips what the JSON already holds.
+    stdout, again = run(out, "compile-scan-dots")
+    assert "already in" in stdout and again == parts
