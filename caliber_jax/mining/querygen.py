@@ -207,7 +207,8 @@ class OpenAIQueryGenerator:
             texts = client_lib.choice_texts(response)
             scores = client_lib.choice_mean_logprobs(response)
             query = parse_query(texts[0]) if texts else None
-            if query is not None and query.lower() in EXAMPLE_QUERIES:
+            # Curly apostrophes too: SmolLM2 repeated example 2 with "company’s".
+            if query is not None and query.lower().replace("\u2019", "'") in EXAMPLE_QUERIES:
                 query = None
                 self.unusable["copied a prompt example"] += 1
             elif query is None:

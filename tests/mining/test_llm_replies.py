@@ -43,12 +43,13 @@ class FixedClient:
 def test_generation_copying_the_prompt_example_is_no_query():
     # Measured on SmolLM2-135M: greedy decoding repeated example 2's query for a filing chunk.
     copied = " What is the size and maturity of the company's revolving credit facility?"
+    curly = copied.replace("'", "\u2019")  # measured too: "company\u2019s"
     generator = querygen.OpenAIQueryGenerator(
-        FixedClient([copied, " What was the net revenue in 2022?", ""]),
+        FixedClient([copied, " What was the net revenue in 2022?", "", curly]),
         endpoint="completions", max_tokens=32, temperature=0.0, max_document_chars=100,
     )  # fmt: skip
-    chunks = [{"id": f"d:{n}", "doc_name": "d", "text": "text"} for n in range(3)]
+    chunks = [{"id": f"d:{n}", "doc_name": "d", "text": "text"} for n in range(4)]
     assert generator.generate(chunks) == [
-        (None, None), ("What was the net revenue in 2022?", -0.5), (None, None)
+        (None, None), ("What was the net revenue in 2022?", -0.5), (None, None), (None, None)
     ]  # fmt: skip
-    assert dict(generator.unusable) == {"copied a prompt example": 1, "empty generation": 1}
+    assert dict(generator.unusable) == {"copied a prompt example": 2, "empty generation": 1}
