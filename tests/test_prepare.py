@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from caliber_jax import prepare as prepare_lib
 from caliber_jax.data import corpus, numgap, perturb
 
@@ -96,7 +98,9 @@ def test_categories_restrict_the_passage_perturbations(tmp_path):
 
 def test_include_eval_docs(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["gamma"])
-    assert prepare_lib.prepare(source, tmp_path / "x")["passages"] == 0
+    # Only evaluation filings: nothing usable unless they are let in (one clear error).
+    with pytest.raises(ValueError, match="no usable documents .* outside the evaluation filings"):
+        prepare_lib.prepare(source, tmp_path / "x")
     assert prepare_lib.prepare(source, tmp_path / "y", include_eval_docs=True)["passages"] == 6
 
 
