@@ -91,13 +91,27 @@ def confidence_interval(values: Sequence[float], *, level: float) -> tuple[float
 
 
 def intervals_narrow(
-    metrics: Mapping[str, Sequence[float]], *, width: float, level: float, min_count: int
+    metrics: Mapping[str, Sequence[float]],
+    *,
+    width: float,
+    level: float,
+    min_count: int,
+    ranges: Mapping[str, float] | None = None,
 ) -> bool:
     """The stopping rule: at least `min_count` values and every metric's interval (high - low)
-    at most `width`."""
-    for values in metrics.values():
+    at most `width`.
+
+    With `ranges` (metric -> its largest possible value R), each sample is padded with one
+    pseudo-value at 0 and one at R before its interval is computed ("add two", as Agresti-Coull
+    do for proportions): a run of equal values, e.g. all-zero MRR when nothing relevant is
+    retrieved, then never has a zero-width interval, and the padding's weight fades as values
+    accumulate.
+    """
+    for name, values in metrics.items():
         if len(values) < max(min_count, 2):
             return False
+        if ranges is not None:
+            values = [*values, 0.0, ranges[name]]
         _, low, high = confidence_interval(values, level=level)
         if high - low > width:
             return False
@@ -346,6 +360,8 @@ def final_evaluation(
         order = np.random.default_rng([seed, i]).permutation(len(selected))
         text_of = {query["id"]: query["text"] for query in queries}
         names = (f"mrr_at_{k}", f"dcg_at_{k}")
+        best = {names[0]: 1.0, names[1]: within_doc.dcg([1] * k, k)}  # every top-k chunk relevant
+        ranges = {f"{side}/{n}": best[n] for side in ("base", "exp") for n in names}
         base = {name: [] for name in names}
         exp = {name: [] for name in names}
         judged_pairs: list[Pair] = []
@@ -369,7 +385,9 @@ def final_evaluation(
             series = {f"base/{n}": v for n, v in base.items()} | {
                 f"exp/{n}": v for n, v in exp.items()
             }
-            if intervals_narrow(series, width=ci_width, level=ci_level, min_count=min_pairs):
+            if intervals_narrow(
+                series, width=ci_width, level=ci_level, min_count=min_pairs, ranges=ranges
+            ):
                 stopped = "ci"
                 break
         log_fn(

@@ -70,6 +70,12 @@ def test_confidence_interval_and_stopping_rule():
     )
     assert not final_eval.intervals_narrow({"n": [1, 1, 1]}, width=1.0, **rule)
     assert final_eval.intervals_narrow({"n": [1, 1, 1, 1]}, width=0.0, **rule)
+    # Padded with 0 and R = 1: [1, 1, 1, 1, 0, 1], m = 6 values, one 0: sample variance 1/m,
+    # se 1/m, width 2 * 1.959964 / 6 = 0.6533: all-equal values no longer stop at once.
+    padded = dict(rule, ranges={"n": 1.0})
+    assert not final_eval.intervals_narrow({"n": [1, 1, 1, 1]}, width=0.65, **padded)
+    assert final_eval.intervals_narrow({"n": [1, 1, 1, 1]}, width=0.66, **padded)
+    assert not final_eval.intervals_narrow({"n": [0, 0, 0, 0]}, width=0.65, **padded)
 
 
 def _toy():
@@ -130,13 +136,14 @@ def test_final_evaluation_by_hand(tmp_path):
 
 
 def test_final_evaluation_stops_when_intervals_are_narrow(tmp_path):
-    # 12 queries that all see both documents; a judge grading everything 4 gives constant
-    # metrics (interval width 0), so sampling stops at the first check with >= min_pairs pairs:
-    # batches of 3 pairs, min_pairs 5 -> after the second batch, 6 of 24 pairs judged.
+    # 12 queries that all see both documents; a judge grading everything 4 gives MRR@1 =
+    # DCG@1 = 1 for every pair. Padded with 0 and R = 1, n pairs give m = n + 2 values with one
+    # 0: width 2 * 1.96 / m <= 0.5 once m >= 8. Batches of 3, min_pairs 5: after the second
+    # batch, n = 6, m = 8, width 0.49: 6 of 24 pairs judged.
     chunks, _, _, chunk_vecs = _toy()
     queries = [{"id": f"q{n}", "text": f"query {n}"} for n in range(12)]
     query_vecs = [np.stack([_unit(0)] * 12)] * 2
-    params = dict(k=1, top_k_corpus=5, max_docs=0, similarity=0.5, fraction_p=1, ci_width=0.1,
+    params = dict(k=1, top_k_corpus=5, max_docs=0, similarity=0.5, fraction_p=1, ci_width=0.5,
                   ci_level=0.95, min_pairs=5, batch_pairs=3, distance="cosine", seed=0,
                   log_fn=lambda _: None)  # fmt: skip
     cache = final_eval.GradeCache(tmp_path / "g.jsonl", final_eval.judge_key(name="all4"))
@@ -145,7 +152,9 @@ def test_final_evaluation_stops_when_intervals_are_narrow(tmp_path):
         cache=cache, **params,
     )  # fmt: skip
     assert (result["pairs_selected"], result["pairs_judged"], result["stopped"]) == (24, 6, "ci")
-    # A judge whose grades vary keeps the intervals wide: every selected pair is judged.
+    # A judge whose grades vary keeps base's interval wide (12 zeros and 12 ones: width ~0.39
+    # > 0.1): every selected pair is judged.
+    params["ci_width"] = 0.1
     cache = final_eval.GradeCache(tmp_path / "h.jsonl", final_eval.judge_key(name="mixed"))
     [result] = final_eval.final_evaluation(
         queries, chunks, query_vecs, chunk_vecs, {}, judge=TableJudge({"A1": 4, "B0": 4}),
