@@ -270,12 +270,22 @@ _QUESTION_START = re.compile(
 )
 
 
+# An analyst's question about a filing does not speak in the first person; a chat model's
+# chatter does ("I'm ready to assist. What do you need from me today?", from SmolLM2).
+# "Part I" / "Item I" of a filing is a roman numeral, not a pronoun.
+_FIRST_PERSON = re.compile(
+    r"(?<!Part )(?<!PART )(?<!Item )\bI\b|\b(?:I'm|I\u2019m|I'll|I've|me|my|let me)\b",
+    re.IGNORECASE,
+)
+
+
 def accept_query(text: str, *, min_words: int, seen: set[str]) -> str | None:
-    """Heuristic filter of step 1a: strips list markers; rejects short, non-question, repeated."""
+    """Heuristic filter of step 1a: strips list markers; rejects short, non-question, first-person
+    (chatter) and repeated lines."""
     text = re.sub(r"^\s*(?:\d+[.)]|[-*\u2022])\s*", "", text).strip().strip('"').strip()
     if len(text.split()) < min_words or not (text.endswith("?") or _QUESTION_START.match(text)):
         return None
-    if text.lower() in seen:
+    if _FIRST_PERSON.search(text) or text.lower() in seen:
         return None
     return text
 

@@ -53,3 +53,21 @@ def test_generation_copying_the_prompt_example_is_no_query():
         (None, None), ("What was the net revenue in 2022?", -0.5), (None, None), (None, None)
     ]  # fmt: skip
     assert dict(generator.unusable) == {"copied a prompt example": 2, "empty generation": 1}
+
+
+@pytest.mark.parametrize(
+    "line, kept",
+    [
+        ("I'm ready to assist. What do you need from me today?", False),  # accepted before
+        ("To begin with, I want to know what growth rate of 3M's sales is. To ask that question?",
+         False),
+        ("Let me add a new one. What changed in the company's debt covenants this year?", False),
+        ("2. What drove the change in gross margin during the fiscal year?",
+         True),
+        ("What risk factors does Part I of the annual report list?", True),  # a numeral
+        ("What is the impact of adopting ASU 2017-08 on the current accounting period?", False),
+    ],
+)  # fmt: skip
+def test_few_shot_filter_rejects_chatter(line, kept):
+    seen = {"what is the impact of adopting asu 2017-08 on the current accounting period?"}
+    assert (querygen.accept_query(line, min_words=5, seen=seen) is not None) is kept
