@@ -40,7 +40,7 @@ def classify_cache(cache_dir: Path) -> dict[str, collections.Counter]:
             score = (client_lib.choice_mean_logprobs(response) or [None])[0]
             if query is None:
                 out[stage]["no query line" if text.strip() else "empty"] += 1
-            elif query.lower() in querygen.EXAMPLE_QUERIES:
+            elif query.lower().replace("\u2019", "'") in querygen.EXAMPLE_QUERIES:
                 out[stage]["copied a prompt example"] += 1
             elif score is None:
                 out[stage]["no log-probabilities"] += 1
@@ -66,7 +66,7 @@ def classify_cache(cache_dir: Path) -> dict[str, collections.Counter]:
                 elif querygen.accept_query(line, min_words=5, seen=set()):
                     out[stage]["lines repeating an exemplar"] += 1
                 else:
-                    out[stage]["lines too short or not a question"] += 1
+                    out[stage]["lines too short, not a question or first person"] += 1
     return out
 
 
