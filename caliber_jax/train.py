@@ -407,8 +407,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
     path = choose_path(config)  # first: a refused combination fails before any work
-    if jax.process_index() == 0:
-        print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     spec, flat = init_params(config)
     dim = spec.out_dim or spec.config.width
     tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
@@ -419,6 +417,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     )
 
     train_source = make_source(config, "train", dim)
+    # Logged once the inputs are found, so a missing input stays a one-line error.
+    if jax.process_index() == 0:
+        print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     flat = start_w_out(config, spec, flat, workdir, train_source)
     steps = total_steps(config, len(train_source))  # micro-batches
     # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
