@@ -38,20 +38,14 @@ def load_neighbours(
       given), -1 where it is null, or None when no record has the field.
     """
     path = paths.as_path(path)
-    found: list[int] = []
-    present = False
-    with corpus.open_binary(path) as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            present |= field in record
-            neighbour = record.get(field)
-            if neighbour is not None and (not isinstance(neighbour, int) or neighbour < 0):
-                raise ValueError(f"{path}:{line_number}: field {field!r} must be a row or null")
-            found.append(-1 if neighbour is None else neighbour)
-    if not present:
+    values = read_optional_field(path, field)
+    if values is None:
         return None
+    found: list[int] = []
+    for line_number, neighbour in values:
+        if neighbour is not None and (not isinstance(neighbour, int) or neighbour < 0):
+            raise ValueError(f"{path}:{line_number}: field {field!r} must be a row or null")
+        found.append(-1 if neighbour is None else neighbour)
     neighbours = np.asarray(found, dtype=np.int64)
     limit = len(neighbours) if num_rows is None else num_rows
     if neighbours.max(initial=-1) >= limit:
@@ -64,19 +58,30 @@ def load_queries(path: str | os.PathLike) -> list[str] | None:
     training question about that passage (str), "" where it has none; None when no record has
     the field."""
     path = paths.as_path(path)
+    values = read_optional_field(path, "query")
+    if values is None:
+        return None
     found: list[str] = []
+    for line_number, query in values:
+        if query is not None and not isinstance(query, str):
+            raise ValueError(f"{path}:{line_number}: field 'query' must be str or null")
+        found.append(query or "")
+    return found
+
+
+def read_optional_field(path, field: str) -> list[tuple[int, Any]] | None:
+    """(line number, value or None) of `field` for every record of a JSONL file; None when no
+    record has the field."""
+    values = []
     present = False
     with corpus.open_binary(path) as f:
         for line_number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             record = json.loads(line)
-            present |= "query" in record
-            query = record.get("query")
-            if query is not None and not isinstance(query, str):
-                raise ValueError(f"{path}:{line_number}: field 'query' must be str or null")
-            found.append(query or "")
-    return found if present else None
+            present |= field in record
+            values.append((line_number, record.get(field)))
+    return values if present else None
 
 
 def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
