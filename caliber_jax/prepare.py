@@ -108,9 +108,10 @@ def prepare(
         sorted({p["doc_name"] for p in passages}), fraction=heldout_fraction, seed=seed
     )
     train = [p for p in passages if p["doc_name"] not in heldout]
-    val = [p for p in passages if p["doc_name"] in heldout]
+    heldout_passages = [p for p in passages if p["doc_name"] in heldout]
     train = sample(train, max_train_passages, seed=seed)
-    val = sample(val, max_val_passages, seed=seed)
+    # The cap is validation's alone: NumGap draws from every held-out passage (below).
+    val = sample(heldout_passages, max_val_passages, seed=seed)
     if balance_rules:
         train = rebalance_rules(train, categories=categories, seed=seed)
     if neighbour_k:
@@ -146,7 +147,7 @@ def prepare(
         "val_passages": min(len(val), max_val_passages or len(val)),
     }
     if build_numgap:
-        source = val or passages
+        source = heldout_passages or passages
         texts = [passage["text"] for passage in source]
         splits = numgap.build_numgap(
             [{"id": passage["id"], "text": passage["text"]} for passage in source],

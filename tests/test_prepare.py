@@ -311,3 +311,17 @@ def test_cli_config_typo_is_one_readable_line(tmp_path):
         "error: command line: invalid config override or flag value: 'lrr' "
         'Did you mean "lr" instead of "lrr"?'
     ]
+
+
+def test_validation_cap_does_not_shrink_numgap(tmp_path):
+    """NumGap draws from every held-out passage; `max_val_passages` caps validation alone."""
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "delta"])
+    options = dict(seed=0, heldout_fraction=0.34, build_numgap=True, bm25_k=5,
+                   quotas_test={"magnitude": 3}, quotas_dev={})  # fmt: skip
+    uncapped = prepare_lib.prepare(source, tmp_path / "all", **options)
+    capped = prepare_lib.prepare(source, tmp_path / "one", max_val_passages=1, **options)
+    assert capped["val_passages"] == 1 < uncapped["val_passages"]
+    assert capped["numgap"] == uncapped["numgap"]
+    assert capped["numgap"]["test"]["magnitude"] == 3
+    records = [(tmp_path / name / "numgap_test.jsonl").read_text() for name in ("all", "one")]
+    assert records[0] == records[1]
