@@ -42,6 +42,7 @@ PRESETS = {
     # query-geometry term, scripts/study_headline.py), and its small from-scratch check.
     "headline": {"config": "configs/headline.py", "overrides": []},
     "headline-verify": {"config": "configs/headline.py:verify", "overrides": []},
+    "headline-pilot": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -149,9 +150,12 @@ def main() -> None:
 
         study_mpnet.run_study(args, run, long=args.preset == "mpnet-long")
         return
-    if args.preset in ("headline", "headline-verify"):
+    if args.preset in ("headline", "headline-verify", "headline-pilot"):
         import study_headline  # scripts/ is on sys.path: this file's folder
 
+        if args.preset == "headline-pilot":
+            study_headline.run_pilots(args, run)
+            return
         study_headline.run_headline(args, run, verify=args.preset == "headline-verify")
         return
 

@@ -4,6 +4,8 @@
         --filings ../shared/data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
         --filings ../shared/data/financebench/filings.jsonl.gz          # < 2 h on 2 CPU cores
+    python scripts/study.py --preset headline-pilot \
+        --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
 
 Stages (each skips what is done, so rerunning the command continues a killed run): fetch
 all-mpnet-base-v2, prepare (`configs/headline.py`), teacher vectors of x, pi(x) and the training
@@ -12,8 +14,11 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher and start on its own
-smaller NumGap set. Finished evaluations and the report go to `--record` (default
-docs/study_headline[_verify]/), since run folders do not outlive their machine.
+smaller NumGap set. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
+on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
+FinanceBench; the recipe is chosen on dev alone. Finished evaluations and the report go to
+`--record` (default docs/study_headline[_verify]/), since run folders do not outlive their
+machine.
 """
 
 import json
@@ -48,6 +53,12 @@ RECORDED_ROWS = {
 PLAIN_START = "Initial t384 s0"
 TASK_FILES = ("financebench+mrl.json", "numgap.json", "financebench+numgap.json")
 RunFn = Callable[[str, list[str], dict[str, float]], None]
+PILOT_STEPS = 400  # of the long run's 2,000; 625 steps make one epoch of its 20,000 passages
+# Candidate recipes (label -> overrides of configs/headline.py), scored on NumGap dev.
+PILOTS = {
+    "Pilot q50": [],  # configs/headline.py as it stands: query term 50, structure 50, lambda 8
+    "Pilot q0": ["--config.loss.query_weight=0.0"],  # the ablation: no query-geometry term
+}
 
 
 def student_label(seed: int, *, verify: bool) -> str:
@@ -69,6 +80,61 @@ def load_results(directory: Path) -> dict:
     if per_query:
         row[PER_QUERY] = per_query
     return row
+
+
+def run_pilots(args, run: RunFn) -> None:
+    """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
+    first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
+    the fitted start; the table and per-rule dev NumGap go to `<output>/pilots.md`."""
+    out = Path(args.output or "runs/headline").resolve()
+    data = out / "data"
+    common = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}"]
+    if args.filings:
+        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
+    common += args.overrides.split()
+    record = None if args.record == "" else Path(args.record or REPO / "docs" / "study_headline")
+    if not (data / "stats.json").is_file():
+        run("prepare", ["-m", "caliber_jax.prepare", *common], {})
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common], {})
+    numgap_path = data / "numgap_dev.jsonl"
+    eval_common = [f"--financebench={args.financebench}", f"--numgap={numgap_path}",
+                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    pilots = out / "pilots"
+    epochs = PILOT_STEPS / 625
+    times: dict[str, float] = {}
+    labels = []
+    for label, overrides in PILOTS.items():
+        workdir = pilots / evaluate.slug(label)
+        if not (workdir / "summary.json").is_file():
+            run(f"train {label}", ["-m", "caliber_jax.train", *common, f"--workdir={workdir}",
+                                   f"--config.num_epochs={epochs}", "--config.seed=0",
+                                   *overrides], times)  # fmt: skip
+        exports = [(label, workdir / "hf", [])]
+        if not labels:  # the fitted start, once: the first pilot's step-0 weights
+            exports.append(("Initial lp long s0", pilots / "Initial_lp_long_s0" / "hf",
+                            ["--interpolate=0"]))  # fmt: skip
+        for name, hf, extra in exports:
+            if not (hf / "modules.json").is_file():
+                run(f"export {name}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                       f"--output={hf}", *extra], times)  # fmt: skip
+            path = pilots / "results" / evaluate.slug(name) / "financebench+numgap.json"
+            if not path.is_file():
+                run(f"evaluate {name}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
+                                         f"--label={name}", *eval_common,
+                                         f"--output={path}"], times)  # fmt: skip
+            record_file(path, out, record)
+            labels.append(name)
+        for file in ("summary.json", "config.json", "metrics.jsonl"):
+            record_file(workdir / file, out, record)
+    results = {name: load_results(pilots / "results" / evaluate.slug(name)) for name in labels}
+    records = numgap.load_numgap(numgap_path)
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, results), labels)
+    report = (f"# Headline pilots: {PILOT_STEPS} steps, NumGap **dev** ({len(records)} records)"
+              f" and FinanceBench, 256 tokens\n\n{evaluate.format_markdown(results)}\n\n"
+              f"## NumGap-D per rule (dev)\n\n{rules}\n")  # fmt: skip
+    (pilots / "pilots.md").write_text(report)
+    record_file(pilots / "pilots.md", out, record)
+    print(report)
 
 
 def run_headline(args, run: RunFn, *, verify: bool) -> None:
