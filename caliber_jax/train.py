@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -44,19 +45,28 @@ from caliber_jax.models import embedding
 
 
 class TokenizeFn:
-    """Picklable `tokenize_fn` for the pipeline: loads the tokenizer lazily in each worker."""
+    """Picklable `tokenize_fn` for the pipeline: loads the tokenizer lazily, one per thread.
+
+    A fast tokenizer keeps its truncation length as state (`enable_truncation`), so two threads
+    sharing one (the loader's prefetch tokenizing passages at `max_length` while another batch's
+    queries are tokenized at `query_length`) can truncate each other's texts: each thread gets
+    its own."""
 
     def __init__(self, tokenizer_dir: str):
         self.tokenizer_dir = tokenizer_dir
-        self._tokenizer = None
+        self._local = threading.local()
 
     def __call__(self, texts: list[str], max_length: int) -> list[list[int]]:
-        if self._tokenizer is None:
-            self._tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
-        return tokenization.tokenize(self._tokenizer, texts, max_length=max_length)
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            tokenizer = self._local.tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
+        return tokenization.tokenize(tokenizer, texts, max_length=max_length)
 
     def __getstate__(self):
-        return {"tokenizer_dir": self.tokenizer_dir, "_tokenizer": None}
+        return {"tokenizer_dir": self.tokenizer_dir}
+
+    def __setstate__(self, state):
+        self.__init__(state["tokenizer_dir"])
 
 
 def maybe_initialize_distributed(multihost: bool) -> None:

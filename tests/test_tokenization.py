@@ -42,3 +42,24 @@ def test_query_format():
         "What was revenue?", "Given a question, retrieve passages"
     ) == ("Instruct: Given a question, retrieve passages\nQuery:What was revenue?")
     assert tokenization.format_query("doc text", None) == "doc text"
+
+
+def test_training_tokenize_fn_keeps_each_threads_length(minilm_dir, filing_passages):
+    """The loader tokenizes passages (max_length) and training queries (query_length) from
+    different threads; a fast tokenizer shared between them truncates one at the other's length."""
+    import pickle
+    from concurrent import futures
+
+    from caliber_jax.train import TokenizeFn
+
+    tokenize_fn = pickle.loads(pickle.dumps(TokenizeFn(str(minilm_dir))))
+    texts = [text for text in filing_passages if len(text) > 600][:8]
+    expected = {n: [len(row) for row in tokenize_fn(texts, n)] for n in (16, 128)}
+    assert expected[16] == [16] * len(texts) and max(expected[128]) == 128
+
+    def hammer(max_length: int) -> bool:
+        return all([len(row) for row in tokenize_fn(texts, max_length)] == expected[max_length]
+                   for _ in range(200))  # fmt: skip
+
+    with futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(hammer, [16, 128, 16, 128]))
