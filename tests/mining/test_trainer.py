@@ -8,19 +8,21 @@ import numpy as np
 from caliber_jax import export
 from caliber_jax.embedder import Embedder
 from caliber_jax.mining import trainer
+from configs import mine
 
-OPTIM = dict(
-    lr=1e-3,
-    weight_decay=0.0,
-    warmup_frac=0.0,
-    schedule="constant",
-    cycles=1,
-    b1=0.9,
-    b2=0.999,
-    eps=1e-8,
-    clip_norm=1.0,
-    accum_steps=1,
-)
+# configs/mine.py's optimiser fields, at a constant 1e-3 without weight decay or warm-up.
+OPTIM = dict(mine.get_config().optim, lr=1e-3, weight_decay=0.0, warmup_frac=0.0,
+             schedule="constant")  # fmt: skip
+
+
+def _train_args(workdir, minilm_dir, **overrides) -> dict:
+    """`trainer.train_triplets` arguments: one MiniLM layer, batch 8, one log line a step."""
+    return dict(
+        workdir=workdir, init_dir=str(minilm_dir), num_layers=1, pooling=None, dtype="float32",
+        batch_size=8, max_length=32, query_max_length=16, query_instruction=None, num_epochs=6.0,
+        max_steps=0, margin=0.5, distance="cosine", optim_config=OPTIM, seed=0,
+        checkpoint_every=3, log_every=1, log_fn=lambda m: None,
+    ) | overrides  # fmt: skip
 
 
 def _triplets():
@@ -46,26 +48,7 @@ def _triplets():
 
 def test_triplet_training_learns_resumes_and_exports(tmp_path, minilm_dir):
     triplets = _triplets()
-    args = dict(
-        workdir=tmp_path / "train",
-        init_dir=str(minilm_dir),
-        num_layers=1,
-        pooling=None,
-        dtype="float32",
-        batch_size=8,
-        max_length=32,
-        query_max_length=16,
-        query_instruction=None,
-        num_epochs=6.0,
-        max_steps=0,
-        margin=0.5,
-        distance="cosine",
-        optim_config=OPTIM,
-        seed=0,
-        checkpoint_every=3,
-        log_every=1,
-        log_fn=lambda m: None,
-    )
+    args = _train_args(tmp_path / "train", minilm_dir)
     summary = trainer.train_triplets(triplets, triplets, **args)
     assert summary["steps"] == 6
     assert summary["val/loss_after"] < summary["val/loss_before"]
@@ -113,28 +96,9 @@ def test_triplet_training_with_accumulation_logs_the_update_lr(tmp_path, minilm_
     """8 micro-batches with accum_steps=2 are 4 updates; the lr logged with each micro-batch is
     that of the update it belongs to."""
     config = dict(OPTIM, lr=1e-3, warmup_frac=0.5, schedule="linear", accum_steps=2)
-    trainer.train_triplets(
-        _triplets(),
-        [],
-        workdir=tmp_path / "train",
-        init_dir=str(minilm_dir),
-        num_layers=1,
-        pooling=None,
-        dtype="float32",
-        batch_size=8,
-        max_length=16,
-        query_max_length=8,
-        query_instruction=None,
-        num_epochs=8.0,
-        max_steps=0,
-        margin=0.5,
-        distance="cosine",
-        optim_config=config,
-        seed=0,
-        checkpoint_every=100,
-        log_every=1,
-        log_fn=lambda m: None,
-    )
+    args = _train_args(tmp_path / "train", minilm_dir, max_length=16, query_max_length=8,
+                       num_epochs=8.0, optim_config=config, checkpoint_every=100)  # fmt: skip
+    trainer.train_triplets(_triplets(), [], **args)
     logged = [
         json.loads(line)["train/lr"]
         for line in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
