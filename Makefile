@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest-xdist workers: two keep both cores busy through the single-threaded parts of the tests
+# (imports, tracing, XLA compiles, subprocess launches); `make test TEST_WORKERS=0` runs in-process.
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo clean-runs
 
@@ -17,7 +20,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash launch/demo.sh

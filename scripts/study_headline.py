@@ -58,6 +58,9 @@ PILOT_STEPS = 400  # of the long run's 2,000; 625 steps make one epoch of its 20
 PILOTS = {
     "Pilot q50": [],  # configs/headline.py as it stands: query term 50, structure 50, lambda 8
     "Pilot q0": ["--config.loss.query_weight=0.0"],  # the ablation: no query-geometry term
+    # At 400 steps the hinge is active on every perturbed row and D moves on unit edits only
+    # (dev D 0.07 for q50): four times its weight.
+    "Pilot q50 l32": ["--config.loss.lam=32.0"],
 }
 
 
