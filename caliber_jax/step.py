@@ -117,6 +117,7 @@ def vectors_loss(
     perturb_weight: float = 1.0,
     structure_weight: float = 0.0,
     query_weight: float = 0.0,
+    query_passages: str = "both",
     s_q: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
@@ -124,8 +125,9 @@ def vectors_loss(
     Eq. 4 (`losses.caliber_loss`), or with another `objective`, `perturb_weight` or
     `structure_weight` the issue #16 objectives of `losses.calibration_loss`; plus, with
     `query_weight` > 0, `query_weight` times `losses.query_geometry_loss` of the student's query
-    vectors `s_q` [B, E] against every x and pi(x) of the batch (part "query": its mean over the
-    rows with a query).
+    vectors `s_q` [B, E] against every x and pi(x) of the batch, or with `query_passages="x"`
+    against the x rows only, leaving pi(x) free to move (part "query": its mean over the rows
+    with a query).
     """
     loss, parts = _pair_loss(
         s_x, s_px, batch, lam=lam, margin=margin, reduction=reduction, objective=objective,
@@ -138,17 +140,16 @@ def vectors_loss(
             "loss.query_weight > 0 needs the student's query vectors, which the chunked gradient "
             "step does not compute: set grad_chunk_rows=0"
         )
+    if query_passages not in ("x", "both"):
+        raise ValueError(f"loss.query_passages must be 'x' or 'both', got {query_passages!r}")
     weights = batch["weight"].astype(jnp.float32)
     has_q = batch["has_q"].astype(bool) & (weights > 0)
-    passages_valid = jnp.concatenate([weights > 0, batch["has_pert"].astype(bool) & (weights > 0)])
-    per_query = losses.query_geometry_loss(
-        s_q,
-        batch["teacher_q"],
-        jnp.concatenate([s_x, s_px]),
-        jnp.concatenate([batch["teacher_x"], batch["teacher_px"]]),
-        has_q,
-        passages_valid,
-    )
+    s_p, t_p, p_valid = s_x, batch["teacher_x"], weights > 0
+    if query_passages == "both":
+        s_p = jnp.concatenate([s_x, s_px])
+        t_p = jnp.concatenate([t_p, batch["teacher_px"]])
+        p_valid = jnp.concatenate([p_valid, batch["has_pert"].astype(bool) & (weights > 0)])
+    per_query = losses.query_geometry_loss(s_q, batch["teacher_q"], s_p, t_p, has_q, p_valid)
     q_weights = weights * has_q
     query = jnp.sum(q_weights * per_query) / jnp.maximum(jnp.sum(q_weights), 1e-12)
     return loss + query_weight * query, {**parts, "query": query}

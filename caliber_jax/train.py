@@ -461,6 +461,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         perturb_weight=config.loss.get("perturb_weight", 1.0),
         structure_weight=config.loss.structure_weight,
         query_weight=config.loss.get("query_weight", 0.0),
+        query_passages=config.loss.get("query_passages", "both"),
     )
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).

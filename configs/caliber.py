@@ -149,6 +149,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Weight of losses.query_geometry_loss: (cos(s q, s p) - cos(t q, t p))^2 of the training
     # queries (prepare.queries) against the batch's x and pi(x) (issue #37; 0 = off).
     config.loss.query_weight = 0.0
+    # The passages it covers: "both" (x and pi(x)) or "x" (pi(x) free to move; issue #37 pilots).
+    config.loss.query_passages = "both"
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

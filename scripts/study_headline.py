@@ -61,6 +61,9 @@ PILOTS = {
     # At 400 steps the hinge is active on every perturbed row and D moves on unit edits only
     # (dev D 0.07 for q50): four times its weight.
     "Pilot q50 l32": ["--config.loss.lam=32.0"],
+    # q50 held pi(x) at x's query similarities (delta_s 0.05 vs 0.30 without the term): the
+    # query term on the x rows alone, pi(x) free to move.
+    "Pilot qx50": ["--config.loss.query_passages=x"],
 }
 
 

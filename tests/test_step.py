@@ -453,3 +453,30 @@ def test_neighbour_objective_separates_pairs_in_twenty_steps():
     assert last["train/num"] < 0.5 * first["train/num"], (first, last)
     assert last["train/sim_p"] < first["train/sim_p"] - 0.05
     assert last["train/align_x"] < 0.5
+
+
+def test_query_term_on_x_only_leaves_pi_x_free():
+    """`query_passages="x"`: the query term compares each query with the batch's x rows alone,
+    so it equals `losses.query_geometry_loss` over x and does not move with s(pi x)."""
+    rng = np.random.default_rng(3)
+    rows, dim = 6, 8
+    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)  # noqa: E731
+    s_x, s_px, s_q, t_x, t_px, t_q = (unit(rng.normal(size=(rows, dim))).astype(np.float32)
+                                      for _ in range(6))  # fmt: skip
+    batch = {"weight": np.array([1, 1, 1, 1, 1, 0], np.float32),
+             "has_pert": np.array([1, 0, 1, 1, 0, 1], bool), "teacher_x": t_x, "teacher_px": t_px,
+             "teacher_q": t_q, "has_q": np.array([1, 1, 0, 1, 1, 1], bool)}  # fmt: skip
+    options = dict(lam=0.5, margin=0.05, reduction="batch", query_weight=2.0, s_q=s_q)
+    q_valid = batch["has_q"] & (batch["weight"] > 0)
+    per_query = losses.query_geometry_loss(s_q, t_q, s_x, t_x, q_valid, batch["weight"] > 0)
+    want = float(np.sum(np.asarray(per_query) * q_valid) / q_valid.sum())
+    _, parts = step.vectors_loss(s_x, s_px, batch, query_passages="x", **options)
+    np.testing.assert_allclose(parts["query"], want, rtol=1e-6)
+    moved = unit(s_px + rng.normal(size=s_px.shape)).astype(np.float32)
+    _, moved_parts = step.vectors_loss(s_x, moved, batch, query_passages="x", **options)
+    np.testing.assert_allclose(moved_parts["query"], parts["query"], rtol=1e-7)
+    _, both = step.vectors_loss(s_x, s_px, batch, query_passages="both", **options)
+    _, both_moved = step.vectors_loss(s_x, moved, batch, query_passages="both", **options)
+    assert abs(float(both["query"]) - float(both_moved["query"])) > 1e-4
+    with pytest.raises(ValueError, match="query_passages must be 'x' or 'both'"):
+        step.vectors_loss(s_x, s_px, batch, query_passages="px", **options)
