@@ -24,6 +24,15 @@ FINANCEBENCH_METRICS = ("ndcg_at_10", "recall_at_10", "mrr_at_10", "map_at_10", 
 NUMGAP_GROUPS = ("overall", "magnitude", "polarity", "unit")
 
 
+def query_clause(loss: dict) -> str:
+    """The query-geometry term of the objective line, where the run had one."""
+    if not loss.get("query_weight"):
+        return ""
+    return (f" + {loss['query_weight']} x query-passage geometry preservation ((cos(s q, s p) -"
+            f" cos(t q, t p))^2 for training questions q, over {loss.get('query_passages', 'both')}"
+            " of x / pi(x))")  # fmt: skip
+
+
 def _cell(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -138,8 +147,7 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
   question each where the offline question generator finds a numeric fact.
 - **Objective:** ||s(x) - t(x)|| + {loss.get("lam")} x max(0, cos(s x, s pi x) - cos(t x, t x_nb)
   + {loss.get("margin")}) ("{loss.get("objective")}" hinge) + {loss.get("structure_weight")} x
-  in-batch similarity preservation + {loss.get("query_weight")} x query-passage geometry
-  preservation ((cos(s q, s p) - cos(t q, t p))^2 for training questions q), perturb_weight
+  in-batch similarity preservation{query_clause(loss)}, perturb_weight
   {loss.get("perturb_weight")}.
 - **Steps:** {steps} of batch {config.get("batch_size")}, AdamW lr {lr}, max length
   {train_length}, seed {config.get("seed")}; W_out started as the least-squares map from the
