@@ -76,3 +76,76 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
         headline.get_config("query").loss.to_dict()
     )
     assert not (hf / "README.md.partial").exists()
+
+
+def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
+    """`--preset headline-pilot`'s orchestration, with each stage replaced by what it writes:
+    every candidate of `PILOTS` trains `PILOT_STEPS` steps with its overrides, the fitted start
+    is exported once (`--interpolate=0`), every model is scored on NumGap *dev*, results are
+    recorded, a rerun repeats nothing, and the report has the per-rule dev table."""
+    import argparse
+
+    import study_headline
+
+    from caliber_jax.data import corpus
+    from caliber_jax.eval import numgap
+
+    out, record = tmp_path / "headline", tmp_path / "record"
+    data = out / "data"
+    data.mkdir(parents=True)
+    (data / "stats.json").write_text("{}")
+    records = [
+        {"category": "unit", "anchor": "Sales were $5 million.", "perturbed":
+         "Sales were $5 billion.", "distractor": "Costs were $2 million."},
+        {"category": "polarity", "anchor": "Margins increased.", "perturbed": "Margins decreased.",
+         "distractor": "Margins were flat."},
+    ]  # fmt: skip
+    corpus.save_jsonl(data / "numgap_dev.jsonl", records)
+    ids = [numgap.record_id(i, r) for i, r in enumerate(records)]
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        calls.append((stage, argv))
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if "caliber_jax.train" in argv:
+            workdir = Path(flag["--workdir"])
+            workdir.mkdir(parents=True)
+            for name in ("summary.json", "config.json"):
+                (workdir / name).write_text("{}")
+            (workdir / "metrics.jsonl").write_text("")
+        elif "caliber_jax.export" in argv:
+            Path(flag["--output"]).mkdir(parents=True)
+            (Path(flag["--output"]) / "modules.json").write_text("[]")
+        elif "caliber_jax.evaluate" in argv:
+            assert flag["--numgap"] == str(data / "numgap_dev.jsonl")
+            hit = float(len(calls) % 2)
+            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.5},
+                      "numgap": {"overall": {"D": hit / 2, "M": 0.0}},
+                      "per_query": {"numgap": {"D": {ids[0]: hit, ids[1]: 0.0}}},
+                      "provenance": {"commit": "abc", "restored": False}}  # fmt: skip
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps(result))
+        times[stage] = 1.0
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record=str(record),
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_pilots(args, fake_run)
+    trains = [argv for stage, argv in calls if stage.startswith("train ")]
+    assert [stage for stage, _ in calls if stage.startswith("train ")] == [
+        f"train {label}" for label in study_headline.PILOTS
+    ]
+    epochs = f"--config.num_epochs={study_headline.PILOT_STEPS / 625}"
+    for argv, overrides in zip(trains, study_headline.PILOTS.values(), strict=True):
+        assert epochs in argv and argv[len(argv) - len(overrides) :] == overrides
+    starts = [argv for stage, argv in calls if stage == "export Initial lp long s0"]
+    assert len(starts) == 1 and "--interpolate=0" in starts[0]
+    report = (out / "pilots" / "pilots.md").read_text()
+    assert "NumGap **dev** (2 records)" in report and "| unit | million->billion | 1 |" in report
+    assert (record / "pilots" / "pilots.md").read_text() == report
+    for label in study_headline.PILOTS:
+        slug = label.replace(" ", "_")
+        assert (record / "pilots" / "results" / slug / "financebench+numgap.json").is_file()
+    # A rerun finds every stage done (only the teacher-vector check runs again).
+    calls.clear()
+    study_headline.run_pilots(args, fake_run)
+    assert [stage for stage, _ in calls] == ["teacher vectors"]
