@@ -12,7 +12,8 @@ the 271 shared FinanceBench filings (a subset, sized to ~25 min on 2 cores; docs
 numbers). `:llm` uses an OpenAI-compatible server for queries and judging (docs/guide.md, "Mining").
 `:smollm2` runs a real LLM on this CPU (SmolLM2-135M-Instruct behind scripts/llm_server.py, port
 8011) for two small iterations plus the IV-E final evaluation, ~40 min on 2 busy cores;
-`:smollm2_offline` is the same size offline (docs/mining.md "Real LLM run").
+`:smollm2_offline` is the same size offline (docs/mining.md "Real LLM run"); `:smollm2_2h` and
+`:smollm2_2h_offline` are sized for about two hours on two quiet cores.
 """
 
 from pathlib import Path
@@ -190,7 +191,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.max_steps = 25
         config.optim.lr = 5e-5
         config.eval.financebench = "../shared/data/financebench/financebench_open_source.jsonl"
-    elif arg in ("smollm2", "smollm2_offline"):
+    elif arg in ("smollm2", "smollm2_offline", "smollm2_2h", "smollm2_2h_offline"):
         # docs/mining.md "Real LLM run": SmolLM2-135M-Instruct on a local llama.cpp server
         # (scripts/llm_server.py) for queries and judging, or the offline backends at the same
         # size; both end with the final evaluation judged by all-mpnet-base-v2.
@@ -215,7 +216,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.final_eval.queries_per_doc = 3
         config.final_eval.batch_pairs = 2
         config.final_eval.min_pairs = 4
-        if arg == "smollm2":
+        if arg.startswith("smollm2_2h"):
+            # About two hours on two quiet cores (issue #38): twice the filings and chunks,
+            # three queries per filing over two filings each, 40 steps, a larger final sample.
+            config.data.max_docs = 16
+            config.data.max_chunks_per_doc = 60
+            config.queries.chunks_per_doc = 12
+            config.queries.per_doc = 3
+            config.queries.test_per_doc = 4
+            config.mining.max_docs_per_query = 2
+            config.eval.max_docs_per_query = 2
+            config.train.max_steps = 40
+            config.final_eval.queries_per_doc = 6
+            config.final_eval.min_pairs = 12
+        if arg in ("smollm2", "smollm2_2h"):
             config.queries.backend = "openai"
             config.judge.backend = "openai"
             config.queries.synthetic_num = 4
@@ -246,6 +260,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif arg:
         raise ValueError(
             f"configs/mine.py: unknown variant {arg!r} "
-            "(known: shared, smollm2, smollm2_offline, llm, tiny)"
+            "(known: shared, smollm2, smollm2_offline, smollm2_2h, smollm2_2h_offline, llm, tiny)"
         )
     return config
