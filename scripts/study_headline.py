@@ -88,17 +88,28 @@ def load_results(directory: Path) -> dict:
     return row
 
 
+def stage_args(args, data: Path, variant: str = "") -> list[str]:
+    """The flags every stage gets: the config (with `variant`), its data folder, then the user's
+    filings and `--overrides`."""
+    common = [f"--config={REPO / CONFIG}{variant}", f"--config.data.dir={data}"]
+    if args.filings:
+        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
+    return common + args.overrides.split()
+
+
+def record_dir(args, name: str) -> Path | None:
+    """Where finished results are recorded: `--record`, default docs/study_<name>/ ("" = none)."""
+    return None if args.record == "" else Path(args.record or REPO / "docs" / f"study_{name}")
+
+
 def run_pilots(args, run: RunFn) -> None:
     """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
     first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
     the fitted start; the table and per-rule dev NumGap go to `<output>/pilots.md`."""
     out = Path(args.output or "runs/headline").resolve()
     data = out / "data"
-    common = [f"--config={REPO / CONFIG}", f"--config.data.dir={data}"]
-    if args.filings:
-        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
-    common += args.overrides.split()
-    record = None if args.record == "" else Path(args.record or REPO / "docs" / "study_headline")
+    common = stage_args(args, data)
+    record = record_dir(args, "headline")
     if not (data / "stats.json").is_file():
         run("prepare", ["-m", "caliber_jax.prepare", *common], {})
     run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common], {})
@@ -147,13 +158,9 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     name = "headline_verify" if verify else "headline"
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
-    config = f"--config={REPO / CONFIG}" + (":verify" if verify else "")
-    common = [config, f"--config.data.dir={data}"]
-    if args.filings:
-        common.append(f"--config.prepare.input={Path(args.filings).resolve()}")
-    common += args.overrides.split()
+    common = stage_args(args, data, variant=":verify" if verify else "")
     seeds = [int(s) for s in args.seeds.split(",")]
-    record = None if args.record == "" else Path(args.record or REPO / "docs" / f"study_{name}")
+    record = record_dir(args, name)
     state_path = out / "study.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     times: dict[str, float] = state.get("times", {})
