@@ -141,7 +141,7 @@ def restored(recorded: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def _blocks(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def blocks(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A run's provenance blocks: one (evaluate's file) or one per task group (a study's row)."""
     block = run.get(KEY)
     if not isinstance(block, Mapping) or not block:
@@ -153,14 +153,14 @@ def _blocks(run: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def is_restored(run: Mapping[str, Any]) -> bool:
     """Whether any part of a results row was restored from a record rather than computed now."""
-    return any(block.get("restored") for block in _blocks(run))
+    return any(block.get("restored") for block in blocks(run))
 
 
 def mark(run: Mapping[str, Any]) -> str:
     """'' for a row computed now; ' (restored @<commit>)' for one restored (in part) from a
     record, ' (restored @<commit>, provenance unknown)' when a hash of it was never recorded: the
     suffix of its label in every table."""
-    restored_blocks = [block for block in _blocks(run) if block.get("restored")]
+    restored_blocks = [block for block in blocks(run) if block.get("restored")]
     if not restored_blocks:
         return ""
     commits = sorted({str(block.get("commit", UNKNOWN)) for block in restored_blocks} - {UNKNOWN})

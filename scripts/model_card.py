@@ -19,6 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from caliber_jax import provenance  # noqa: E402  (jax-free)
+
 FINANCEBENCH_METRICS = ("ndcg_at_10", "recall_at_10", "mrr_at_10", "map_at_10", "ndcg_at_100",
                         "recall_at_100", "mrr_at_100", "map_at_100")  # fmt: skip
 NUMGAP_GROUPS = ("overall", "magnitude", "polarity", "unit")
@@ -72,7 +74,7 @@ def write_card(
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     loss, prepare = config.get("loss", {}), config.get("prepare", {})
     mine = results[label]
-    provenance = mine.get("provenance", {})
+    blocks = provenance.blocks(mine)  # one per results file
     numgap_n = mine.get("numgap", {}).get("overall", {}).get("n")
     modules = json.loads((model_dir / "modules.json").read_text())
     architecture = " -> ".join(module.get("type", "?").rsplit(".", 1)[-1] for module in modules)
@@ -84,7 +86,11 @@ def write_card(
     teacher_length = config.get("teacher", {}).get("max_length")
     train_length = config.get("data", {}).get("max_length")
     lr = config.get("optim", {}).get("lr")
-    commit, date = provenance.get("commit", "unknown"), provenance.get("date", "unknown")
+    commit, date = (
+        ", ".join(sorted({str(block.get(field, provenance.UNKNOWN)) for block in blocks}))
+        or provenance.UNKNOWN
+        for field in ("commit", "date")
+    )
     text = f"""---
 tags:
 - sentence-transformers

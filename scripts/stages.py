@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from caliber_jax import host, provenance  # noqa: E402  (jax-free)
+from caliber_jax.eval import significance  # noqa: E402  (jax-free)
 
 SUMMARY_LINES = 3  # the last lines of a concurrent stage's log shown when it ends
 
@@ -178,6 +179,20 @@ def config_value(common: list[str], field: str):
     for part in field.split("."):
         value = value[part]
     return value
+
+
+def with_seed_means(results: dict[str, dict]) -> tuple[dict[str, dict], str]:
+    """`results` plus each model trained on several seeds as its seed mean ("LEAF lp long s0+s1",
+    restored, and marked so, when any of its seeds is), and the paired-test tables over them with
+    every restored row marked."""
+    means = significance.seed_means(results)
+    for name, mean in means.items():
+        head, seeds = name.rsplit(" ", 1)
+        mean[provenance.KEY] = provenance.merged(
+            {f"{head} {seed}": results[f"{head} {seed}"] for seed in seeds.split("+")}
+        )
+    models = {**results, **means}
+    return models, provenance.mark_cells(significance.paired_tables(models), models)
 
 
 def record_file(path: Path, root: Path, record: Path | None) -> None:

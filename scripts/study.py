@@ -22,10 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stages import Stage, config_value, run_stages  # noqa: E402  (scripts/ is on sys.path)
+from stages import Stage, config_value, run_stages, with_seed_means  # noqa: E402  (scripts/ is on sys.path)
 
 from caliber_jax import cli, evaluate, host, provenance  # noqa: E402
-from caliber_jax.eval import plots, significance  # noqa: E402
+from caliber_jax.eval import plots  # noqa: E402
 
 # The paper's eq. 4 (LEAF at lambda = 0) on a config whose default objective is another one.
 EQ4 = ["--config.loss.objective=caliber", "--config.loss.perturb_weight=1.0"]
@@ -234,8 +234,8 @@ def main() -> None:
                 results[label]["train_summary"] = json.loads(summary.read_text())
 
     figures = plots.plot_all(results, out / "figures")
-    models = {**results, **significance.seed_means(results)}  # and each model's seed mean
-    table = evaluate.format_markdown(models) + significance.paired_tables(models)
+    models, paired = with_seed_means(results)  # and each model's seed mean
+    table = evaluate.format_markdown(models) + paired
     timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
     report = (
         f"{table}\n\n## Wall-clock (s, this machine)\n\n| stage | seconds |\n| --- | --- |\n"

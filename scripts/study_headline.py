@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 import model_card  # noqa: E402
 import numgap_rules  # noqa: E402
-from stages import record_file  # noqa: E402
+from stages import record_file, with_seed_means  # noqa: E402
 
-from caliber_jax import evaluate  # noqa: E402
-from caliber_jax.eval import PER_QUERY, numgap, significance  # noqa: E402
+from caliber_jax import evaluate, provenance  # noqa: E402
+from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 
 CONFIG = "configs/headline.py"
 EVAL_MAX_LENGTH = 256  # the long mpnet study's token limit for every model
@@ -52,6 +52,7 @@ RECORDED_ROWS = {
 }  # fmt: skip
 PLAIN_START = "Initial t384 s0"
 TASK_FILES = ("financebench+mrl.json", "numgap.json", "financebench+numgap.json")
+KEY = provenance.KEY
 RunFn = Callable[[str, list[str], dict[str, float]], None]
 PILOT_STEPS = 400  # of the long run's 2,000; 625 steps make one epoch of its 20,000 passages
 # Candidate recipes (label -> overrides of configs/headline.py), scored on NumGap dev.
@@ -73,18 +74,25 @@ def student_label(seed: int, *, verify: bool) -> str:
     return f"Headline lp {'verify' if verify else 'long'} s{seed}"
 
 
-def load_results(directory: Path) -> dict:
-    """A model's results files (one per task group) merged into one row, per-query values too."""
+def load_results(directory: Path, *, restored: bool = False) -> dict:
+    """A model's results files (one per task group) merged into one row, per-query values too,
+    with each file's provenance block kept under its task group. `restored`: the files are
+    records (docs/), not computed by this run, and every table marks the row so."""
     row: dict = {}
     per_query: dict = {}
+    blocks: dict = {}
     for path in sorted(directory / name for name in TASK_FILES):
         if not path.is_file():
             continue
         loaded = json.loads(path.read_text())
         per_query.update(loaded.pop(PER_QUERY, {}))
+        blocks[path.stem] = provenance.restored(loaded) if restored else loaded.get(KEY, {})
+        loaded.pop(KEY, None)
         row.update(loaded)
     if per_query:
         row[PER_QUERY] = per_query
+    if blocks:
+        row[KEY] = blocks
     return row
 
 
@@ -221,19 +229,22 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     results = {}
     if not verify:
         for label, directory in RECORDED_ROWS.items():
-            results[label] = load_results(directory)
+            results[label] = load_results(directory, restored=True)
     for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
         row = load_results(directory)
         results[row.get("label", directory.name)] = row
-    models = {**results, **significance.seed_means(results)}
-    table = evaluate.format_markdown(models) + significance.paired_tables(models)
+    models, paired = with_seed_means(results)
+    table = evaluate.format_markdown(models) + paired
     records = numgap.load_numgap(numgap_path)
     scored = {label: row for label, row in results.items()
               if "numgap" in row.get(PER_QUERY, {})}  # fmt: skip
-    rules = numgap_rules.markdown(numgap_rules.per_rule(records, scored), list(scored))
+    rules = provenance.mark_cells(
+        numgap_rules.markdown(numgap_rules.per_rule(records, scored), list(scored)), scored
+    )
     timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
     report = (f"{table}\n\n## NumGap-D per rule (test set)\n\n{rules}\n"
-              f"## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n")  # fmt: skip
+              f"## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
+              f"{provenance.format_table(results)}")  # fmt: skip
     (out / "study.md").write_text(report)
     state_path.write_text(json.dumps({"results": results, "times": times}, indent=2))
     for path in (out / "study.md", state_path):
@@ -251,3 +262,5 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
             )  # fmt: skip
             record_file(hf / "README.md", out, record)
     print(report)
+    for line in provenance.summary_lines(results, prefix="study"):
+        print(line)

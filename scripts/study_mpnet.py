@@ -43,6 +43,7 @@ from stages import (  # noqa: E402
     restore_result,
     run_stages,
     stamp_result,
+    with_seed_means,
 )
 
 from caliber_jax import evaluate, provenance  # noqa: E402
@@ -257,16 +258,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         state_path.write_text(
             json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
-        # Each model trained on several seeds also as its seed mean ("LEAF lp long s0+s1"),
-        # restored (marked so) when any of its seeds is.
-        means = significance.seed_means(results)
-        for name, mean in means.items():
-            head, seeds = name.rsplit(" ", 1)
-            mean[provenance.KEY] = provenance.merged(
-                {f"{head} {seed}": results[f"{head} {seed}"] for seed in seeds.split("+")}
-            )
-        models = {**results, **means}
-        paired = provenance.mark_cells(significance.paired_tables(models), models)
+        models, paired = with_seed_means(results)
         table = evaluate.format_markdown(models) + paired
         timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
         report = (

@@ -149,3 +149,54 @@ def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
     calls.clear()
     study_headline.run_pilots(args, fake_run)
     assert [stage for stage, _ in calls] == ["teacher vectors"]
+
+
+def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch, capsys):
+    """`--preset headline`'s report: the rows taken from the long study's records (Teacher, the
+    fitted start, LEAF/Caliber long, plain MiniLM) are marked restored with their commit in every
+    table, the student computed now is not, the provenance table lists both, and the run ends
+    with the computed-now / restored lines."""
+    import argparse
+
+    import fetch_mpnet
+    import study_headline
+
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
+    label = study_headline.student_label(0, verify=False)
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if "caliber_jax.train" in argv:
+            workdir = Path(flag["--workdir"])
+            workdir.mkdir(parents=True)
+            (workdir / "config.json").write_text(headline.get_config().to_json_best_effort())
+            (workdir / "summary.json").write_text(json.dumps({"step": 2000}))
+        elif "caliber_jax.export" in argv:
+            hf = Path(flag["--output"])
+            hf.mkdir(parents=True)
+            (hf / "modules.json").write_text("[]")
+            (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+        elif "caliber_jax.evaluate" in argv:
+            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+                      "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 500}},
+                      "provenance": {"commit": "new1234", "restored": False}}  # fmt: skip
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps(result))
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_headline(args, fake_run, verify=False)
+    report = (out / "study.md").read_text()
+    printed = capsys.readouterr().out
+    assert "| Teacher (restored @f1c2aa0, provenance unknown) |" in report
+    assert "| LEAF lp long s0+s1 (restored @" in report  # a seed mean of restored rows
+    assert f"| {label} |" in report and f"| {label} (restored" not in report
+    assert "## Provenance" in report and "| Teacher | financebench+mrl | restored |" in report
+    assert f"| {label} | financebench+numgap | now | new1234 |" in report
+    assert f"study: computed now: {label}" in printed
+    assert "study: restored from records: " in printed and "Initial lp long s0 (restored" in printed
+    card = (out / study_headline.evaluate.slug(label) / "hf" / "README.md").read_text()
+    assert "commit new1234" in card
