@@ -12,7 +12,12 @@ sentence-transformers modules (pooling, Dense W_out when present, Normalize), so
 ensembling, "WiSE-FT", Wortsman et al. 2022): the initial student is what `train.py` starts from
 (`config.model.init_dir`, W_out from `config.seed` or its least-squares fit), so with a student
 calibrating itself alpha trades the trained numeric separation against the teacher's retrieval
-without retraining.
+without retraining. `--blend_with <workdir>` puts another run's trained weights in place of the
+initial student: (1 - alpha) * other + alpha * this ("model soup", Wortsman et al. 2022), for two
+runs from the same start, e.g. a distilled student and one trained with the numeric objective:
+
+    python -m caliber_jax.export --workdir runs/numeric --blend_with runs/leaf \
+        --interpolate 0.5 --output runs/soup/hf
 """
 
 import json
@@ -35,28 +40,40 @@ DONE_FILE = "caliber_export.json"
 
 def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
            query_prompt: str | None = None, interpolate: float | None = None,
-           ) -> epath.Path:  # fmt: skip
+           blend_with: str | os.PathLike | None = None) -> epath.Path:  # fmt: skip
     """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`.
 
-    `interpolate` in [0, 1] blends the checkpoint with the initial student (module docstring).
+    `interpolate` in [0, 1] blends the checkpoint with the initial student, or with the latest
+    checkpoint of the run in `blend_with` (same student architecture), (module docstring).
     """
     workdir, output = paths.as_path(workdir), paths.as_path(output)
     if paths.is_remote(output):  # write locally, then copy the finished directory over
         with tempfile.TemporaryDirectory() as local:
-            export(workdir, local, step=step, query_prompt=query_prompt, interpolate=interpolate)
+            export(workdir, local, step=step, query_prompt=query_prompt,
+                   interpolate=interpolate, blend_with=blend_with)  # fmt: skip
             _copy_tree(epath.Path(local), output)
         return output
-    config_path = workdir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: not a training workdir (no resolved config)")
-    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    config = _read_config(workdir)
     model = config.model
     spec = embedding.read_spec(
         model.init_dir, pooling=model.pooling, num_layers=model.num_layers, out_dim=model.out_dim
     )
     params, step = checkpoint.restore_params(workdir / "checkpoints", step=step)
     flat = embedding.params_to_flat(params)
-    if interpolate is not None:
+    if blend_with is not None and interpolate is None:
+        raise ValueError("export: blend_with needs interpolate (the share of this run's weights)")
+    if interpolate is not None and blend_with is not None:
+        other_dir = paths.as_path(blend_with)
+        other = _read_config(other_dir).model
+        for field in ("init_dir", "num_layers", "out_dim", "pooling"):
+            if other.get(field) != model.get(field):
+                raise ValueError(
+                    f"export: blend_with {other_dir}: model.{field} is {other.get(field)!r}, "
+                    f"this run's {model.get(field)!r} (a soup needs the same student)"
+                )
+        other_params, _ = checkpoint.restore_params(other_dir / "checkpoints")
+        flat = interpolate_params(embedding.params_to_flat(other_params), flat, interpolate)
+    elif interpolate is not None:
         initial = embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
         fitted = workdir / w_out_init.FILE  # a least-squares start (model.w_out_init="lstsq")
         if fitted.exists():
@@ -84,8 +101,17 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     record = {"workdir": str(workdir), "step": int(step)}
     if interpolate is not None:
         record["interpolate"] = float(interpolate)
+    if blend_with is not None:
+        record["blend_with"] = str(blend_with)
     hf.save_json(record, output / DONE_FILE)
     return output
+
+
+def _read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
+    config_path = workdir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: not a training workdir (no resolved config)")
+    return ml_collections.ConfigDict(json.loads(config_path.read_text()))
 
 
 def interpolate_params(
@@ -129,6 +155,7 @@ def main(argv: Sequence[str]) -> None:
             step=values.step,
             query_prompt=values.query_prompt,
             interpolate=values.interpolate,
+            blend_with=values.blend_with,
         )
     )
 
@@ -142,4 +169,8 @@ if __name__ == "__main__":
     flags.DEFINE_float(
         "interpolate", None, "Blend alpha * trained + (1 - alpha) * initial weights (WiSE-FT)."
     )
+    flags.DEFINE_string(
+        "blend_with", None, "With --interpolate: another run's workdir whose trained weights take "
+        "the initial student's place (a model soup of two runs from the same start).",
+    )  # fmt: skip
     cli.run(main)

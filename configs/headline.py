@@ -28,6 +28,9 @@ trained objective.
 Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
 clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set.
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
+Variant `distill`: the same student, start, passages and order trained by distillation alone
+(LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
+the weight-space blend (`scripts/study.py --preset headline-soup`).
 """
 
 import ml_collections
@@ -37,10 +40,11 @@ from configs import study_mpnet
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
-    unknown = variants - {"verify", "query"}
+    unknown = variants - {"verify", "query", "distill"}
     if unknown:
         raise ValueError(
-            f"configs/headline.py: unknown variant(s) {sorted(unknown)} (known: verify, query)"
+            f"configs/headline.py: unknown variant(s) {sorted(unknown)} "
+            "(known: verify, query, distill)"
         )
     config = study_mpnet.get_config("long")
     config.data.dir = "runs/headline/data"
@@ -64,6 +68,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.eval_at_start = True
     if "query" in variants:
         config.loss.query_weight = 50.0
+    if "distill" in variants:  # LEAF (paper 002): the Caliber loss at lambda 0
+        config.loss.objective = "caliber"
+        config.loss.lam = 0.0
+        config.loss.perturb_weight = 1.0
+        config.loss.structure_weight = 0.0
+        config.loss.query_weight = 0.0
     if "verify" in variants:
         config.data.dir = "runs/headline_verify/data"
         config.prepare.max_passages = 1600

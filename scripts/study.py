@@ -43,6 +43,7 @@ PRESETS = {
     "headline": {"config": "configs/headline.py", "overrides": []},
     "headline-verify": {"config": "configs/headline.py:verify", "overrides": []},
     "headline-pilot": {"config": "configs/headline.py", "overrides": []},
+    "headline-soup": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -150,11 +151,14 @@ def main() -> None:
 
         study_mpnet.run_study(args, run, long=args.preset == "mpnet-long")
         return
-    if args.preset in ("headline", "headline-verify", "headline-pilot"):
+    if args.preset.startswith("headline"):
         import study_headline  # scripts/ is on sys.path: this file's folder
 
         if args.preset == "headline-pilot":
             study_headline.run_pilots(args, run)
+            return
+        if args.preset == "headline-soup":
+            study_headline.run_soup(args, run)
             return
         study_headline.run_headline(args, run, verify=args.preset == "headline-verify")
         return

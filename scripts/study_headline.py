@@ -68,6 +68,28 @@ PILOTS = {
 }
 
 
+# The weight-space blend (`--preset headline-soup`): (1 - a) * Distill + a * Headline for each
+# share a of the numeric run, both runs from the same start, passages and order. The choice rule,
+# fixed before any blend was scored: the smallest share whose NumGap *dev* D (seed 0) reaches the
+# target (FinanceBench is reported, never used to choose); distillation alone moves retrieval
+# towards the teacher, so the smallest share that keeps the separation is the one that keeps most
+# of it.
+SOUP_SHARES = (0.25, 0.5, 0.75)
+SOUP_TARGET_D = 0.25  # issue #37's NumGap-D target
+
+
+def soup_label(share: float | None, seed: int) -> str:
+    """ "Soup a0.5 s0" for a candidate share; "Soup lp long s0" for the chosen one (variant
+    "lp long" pairs it with the long study's start in the paired tests)."""
+    return f"Soup lp long s{seed}" if share is None else f"Soup a{share:g} s{seed}"
+
+
+def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> float | None:
+    """The smallest share whose dev NumGap-D reaches `target` (None when none does)."""
+    reaching = [share for share, d in sorted(dev_d.items()) if d >= target]
+    return reaching[0] if reaching else None
+
+
 def student_label(seed: int, *, verify: bool) -> str:
     """ "Headline lp long s0": variant "lp long" pairs it with the long study's start and LEAF
     (`significance.comparison_pairs`); the verify run's own start is "Initial lp verify s0"."""
@@ -264,3 +286,87 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     print(report)
     for line in provenance.summary_lines(results, prefix="study"):
         print(line)
+
+
+def run_soup(args, run: RunFn) -> None:
+    """Per seed: the headline student (trained by `--preset headline` when missing) and its
+    distillation-only twin (`configs/headline.py:distill`), blended at each of `SOUP_SHARES`,
+    every blend scored on NumGap dev and FinanceBench; the share is chosen on seed 0's dev D alone
+    (`choose_share`; seed 0 always runs), exported as "Soup lp long s<seed>" and scored like the
+    headline students (FinanceBench + the recorded NumGap test set) into the headline's results,
+    so `--preset headline` puts it in the main table. Report: `<output>/soup/soup.md`."""
+    out = Path(args.output or "runs/headline").resolve()
+    data = out / "data"
+    record = record_dir(args, "headline")
+    seeds = sorted({0, *(int(s) for s in args.seeds.split(","))})  # seed 0 chooses the share
+    if not (data / "stats.json").is_file():
+        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data)], {})
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data)], {})
+    soup = out / "soup"
+    dev_path = data / "numgap_dev.jsonl"
+    dev_common = [f"--financebench={args.financebench}", f"--numgap={dev_path}",
+                  f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    times: dict[str, float] = {}
+
+    def trained(label: str, variant: str, seed: int) -> Path:
+        workdir = out / evaluate.slug(label)
+        if not (workdir / "summary.json").is_file():
+            run(f"train {label}", ["-m", "caliber_jax.train", *stage_args(args, data, variant),
+                                   f"--config.seed={seed}", f"--workdir={workdir}"],
+                times)  # fmt: skip
+        for file in ("summary.json", "config.json", "metrics.jsonl"):
+            record_file(workdir / file, out, record)
+        return workdir
+
+    def scored(label: str, hf: Path, path: Path, common: list[str]) -> dict:
+        if not path.is_file():
+            run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
+                                      f"--label={label}", *common, f"--output={path}"],
+                times)  # fmt: skip
+        record_file(path, out, record)
+        return load_results(path.parent)
+
+    def blended(label: str, numeric: Path, distill: Path, share: float, hf: Path) -> Path:
+        if not (hf / "modules.json").is_file():
+            run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={numeric}",
+                                    f"--blend_with={distill}", f"--interpolate={share}",
+                                    f"--output={hf}"], times)  # fmt: skip
+        return hf
+
+    runs, dev = {}, {}
+    for seed in seeds:
+        numeric = trained(student_label(seed, verify=False), "", seed)
+        distill = trained(f"Distill lp long s{seed}", ":distill", seed)
+        runs[seed] = (numeric, distill)
+        for share in (0.0, *SOUP_SHARES, 1.0):
+            label = soup_label(share, seed)
+            hf = blended(label, numeric, distill, share, soup / evaluate.slug(label) / "hf")
+            path = soup / "results" / evaluate.slug(label) / "financebench+numgap.json"
+            dev[label] = scored(label, hf, path, dev_common)
+    # Chosen on seed 0 alone, so a later seed never changes the blend already exported.
+    dev_d = {share: dev[soup_label(share, 0)]["numgap"]["overall"]["D"] for share in SOUP_SHARES}
+    share = choose_share(dev_d)
+    records = numgap.load_numgap(dev_path)
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
+    choice = (f"chosen share {share:g} (the smallest whose seed-0 dev D >= {SOUP_TARGET_D})"
+              if share is not None else f"no share reaches dev D {SOUP_TARGET_D}")  # fmt: skip
+    report = (
+        f"# Weight-space blends (1 - a) * Distill + a * Headline: NumGap **dev** "
+        f"({len(records)} records) and FinanceBench, {EVAL_MAX_LENGTH} tokens\n\n"
+        f"Share a = 0 is the distilled run, a = 1 the headline run. Seed-0 dev D per "
+        f"share: {', '.join(f'{a:g}: {d:.4f}' for a, d in dev_d.items())}; {choice}.\n\n"
+        f"{evaluate.format_markdown(dev)}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
+    )
+    (soup / "soup.md").write_text(report)
+    record_file(soup / "soup.md", out, record)
+    print(report)
+    if share is None:
+        return
+    test_common = [f"--financebench={args.financebench}",
+                   f"--numgap={LONG_RECORD / 'data/numgap_test.jsonl'}",
+                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    for seed, (numeric, distill) in runs.items():
+        label = soup_label(None, seed)
+        hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf")
+        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        scored(label, hf, path, test_common)

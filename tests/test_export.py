@@ -169,6 +169,34 @@ def test_interpolate_blends_initial_and_trained_weights(minilm_dir, tmp_path, ou
     np.testing.assert_array_equal(one[name], trained[name])
 
 
+@pytest.mark.parametrize("out_dim", [None, 128])
+def test_blend_with_mixes_two_trained_runs(minilm_dir, tmp_path, out_dim):
+    """A soup of two runs from the same start: (1 - alpha) * other + alpha * this, tensor by
+    tensor; the record names the other run; a different student or no alpha is refused."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    this, spec, trained = make_workdir(tmp_path / "a", minilm_dir, num_layers=3, out_dim=out_dim)
+    other, _, other_trained = make_workdir(
+        tmp_path / "b", minilm_dir, num_layers=3, out_dim=out_dim, seed=1
+    )
+    out = export(this, tmp_path / "soup", interpolate=0.25, blend_with=other)
+    reloaded = embedding.load_flat_params(out, embedding.read_spec(out))
+    assert set(reloaded) == set(trained)
+    for name, value in trained.items():
+        expected = 0.75 * other_trained[name].astype(np.float64) + 0.25 * value
+        np.testing.assert_allclose(reloaded[name], expected, rtol=1e-7, atol=1e-9, err_msg=name)
+    assert not np.allclose(reloaded["encoder.layer.0.query.kernel"],
+                           trained["encoder.layer.0.query.kernel"])  # fmt: skip
+    record = json.loads((out / "caliber_export.json").read_text())
+    assert record["blend_with"] == str(other) and record["interpolate"] == 0.25
+    with pytest.raises(ValueError, match="blend_with needs interpolate"):
+        export(this, tmp_path / "x", blend_with=other)
+    (tmp_path / "c").mkdir()
+    shallow, _, _ = make_workdir(tmp_path / "c", minilm_dir, num_layers=2, out_dim=out_dim)
+    with pytest.raises(ValueError, match="model.num_layers is 2, this run's 3"):
+        export(this, tmp_path / "y", interpolate=0.5, blend_with=shallow)
+
+
 def test_interpolate_rejects_alpha_outside_unit_interval(minilm_dir, tmp_path):
     workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3)
     with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\], got 1.5"):

@@ -26,6 +26,10 @@ def test_headline_is_the_long_study_plus_the_numeric_objective():
     assert config.prepare.queries and config.prepare.balance_rules
     assert config.prepare.neighbour_k > 0 and config.grad_chunk_rows == 0
     assert headline.get_config("query").loss.query_weight == 50
+    distill = headline.get_config("distill")  # the soup's other half: LEAF on the same data
+    assert (distill.loss.objective, distill.loss.lam, distill.loss.perturb_weight) == (
+        "caliber", 0, 1)  # fmt: skip
+    assert distill.loss.structure_weight == 0 and distill.data.dir == config.data.dir
     verify = headline.get_config("verify")
     assert verify.prepare.max_passages == 1600 and verify.data.dir != config.data.dir
     assert verify.loss == config.loss
@@ -200,3 +204,82 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
     assert "study: restored from records: " in printed and "Initial lp long s0 (restored" in printed
     card = (out / study_headline.evaluate.slug(label) / "hf" / "README.md").read_text()
     assert "commit new1234" in card
+
+
+def test_soup_share_is_the_smallest_reaching_the_dev_target():
+    import study_headline
+
+    assert study_headline.choose_share({0.25: 0.1, 0.5: 0.26, 0.75: 0.4}) == 0.5
+    assert study_headline.choose_share({0.75: 0.25, 0.25: 0.3}) == 0.25  # order of the dict
+    assert study_headline.choose_share({0.25: 0.1, 0.5: 0.2}) is None
+    assert study_headline.soup_label(0.5, 1) == "Soup a0.5 s1"
+    assert study_headline.soup_label(None, 0) == "Soup lp long s0"
+
+
+def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(tmp_path):
+    """`--preset headline-soup`'s orchestration with each stage replaced by what it writes: the
+    numeric and distilled runs train once per seed (the latter with `:distill`), every share is
+    exported as a blend of the two and scored on NumGap dev, the share is chosen from dev D alone,
+    and only the chosen blend is scored on the recorded test set, into the headline's results."""
+    import argparse
+
+    import study_headline
+
+    from caliber_jax.eval import numgap
+
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    record = {
+        "category": "unit",
+        "anchor": "Sales were $5 million.",
+        "perturbed": "Sales were $5 billion.",
+        "distractor": "Costs were $2 million.",
+    }
+    (out / "data" / "numgap_dev.jsonl").write_text(json.dumps(record) + "\n")
+    record_id = numgap.record_id(0, record)
+    calls: list[tuple[str, list[str]]] = []
+    dev_d = {0.0: 0.0, 0.25: 0.1, 0.5: 0.3, 0.75: 0.4, 1.0: 0.5}
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        calls.append((stage, argv))
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if "caliber_jax.train" in argv:
+            Path(flag["--workdir"]).mkdir(parents=True)
+            (Path(flag["--workdir"]) / "summary.json").write_text("{}")
+        elif "caliber_jax.export" in argv:
+            Path(flag["--output"]).mkdir(parents=True)
+            (Path(flag["--output"]) / "modules.json").write_text("[]")
+        elif "caliber_jax.evaluate" in argv:
+            share = next((a for a, _ in dev_d.items() if flag["--label"] == f"Soup a{a:g} s0"), 0)
+            d = dev_d.get(share, 0.0)
+            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+                      "numgap": {"overall": {"D": d, "M": 0.0}},
+                      "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps(result))
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_soup(args, fake_run)
+    stages = [stage for stage, _ in calls]
+    assert stages.count("train Headline lp long s0") == 1
+    distill = dict(calls)["train Distill lp long s0"]
+    assert any(a.endswith("configs/headline.py:distill") for a in distill)
+    exports = {stage: argv for stage, argv in calls if stage.startswith("export ")}
+    assert sorted(exports) == sorted(
+        f"export Soup a{a:g} s0" for a in dev_d) + ["export Soup lp long s0"]  # fmt: skip
+    chosen = exports["export Soup lp long s0"]
+    assert "--interpolate=0.5" in chosen  # the smallest share with dev D >= 0.25
+    assert any(a.endswith("Distill_lp_long_s0") for a in chosen if a.startswith("--blend_with"))
+    evaluations = {stage: argv for stage, argv in calls if stage.startswith("evaluate ")}
+    assert all("numgap_dev.jsonl" in " ".join(argv) for stage, argv in evaluations.items()
+               if stage != "evaluate Soup lp long s0")  # fmt: skip
+    assert "study_mpnet_long/data/numgap_test.jsonl" in " ".join(
+        evaluations["evaluate Soup lp long s0"]
+    )
+    assert (out / "results" / "Soup_lp_long_s0" / "financebench+numgap.json").is_file()
+    assert "chosen share 0.5" in (out / "soup" / "soup.md").read_text()
+    calls.clear()
+    study_headline.run_soup(args, fake_run)
+    assert [stage for stage, _ in calls] == ["teacher vectors"]  # a rerun repeats nothing
