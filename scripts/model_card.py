@@ -35,6 +35,24 @@ def query_clause(loss: dict) -> str:
             " of x / pi(x))")  # fmt: skip
 
 
+def blend_clause(model_dir: Path) -> str:
+    """The Training Details line of a weight-space blend (`export --blend_with`), read from the
+    export's record and the other run's config; "" for a model exported from one run."""
+    record_path = model_dir / "caliber_export.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if "blend_with" not in record:
+        return ""
+    share = record["interpolate"]
+    other_path = Path(record["blend_with"]) / "config.json"
+    other = json.loads(other_path.read_text()).get("loss", {}) if other_path.is_file() else {}
+    return (f"- **Weights:** a blend, {1 - share:g} x a twin trained by distillation alone (same "
+            f"start, data, order and steps; objective {other.get('objective', '?')}, lambda "
+            f"{other.get('lam', '?')}, perturb_weight {other.get('perturb_weight', '?')}, "
+            f"structure {other.get('structure_weight', '?')}) + {share:g} x the run described "
+            "above, tensor by tensor (a model soup of two runs from one start; the share chosen "
+            "on NumGap dev).\n")  # fmt: skip
+
+
 def _cell(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -158,7 +176,7 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
 - **Steps:** {steps} of batch {config.get("batch_size")}, AdamW lr {lr}, max length
   {train_length}, seed {config.get("seed")}; W_out started as the least-squares map from the
   student's pooled vectors to the teacher's.
-
+{blend_clause(model_dir)}
 ## Intended use
 
 Dense retrieval and similarity over English financial filings and reports, where a passage's

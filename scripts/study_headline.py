@@ -274,15 +274,18 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
 
     start_label = "Initial lp verify s0" if verify else "Initial lp long s0"
     for seed in seeds:
-        label = student_label(seed, verify=verify)
-        hf = out / evaluate.slug(label) / "hf"
-        if label in results and hf.is_dir():
-            model_card.write_card(
-                hf, label=label, results=results, teacher="Teacher", workdir=hf.parent,
-                starts=[s for s in (PLAIN_START, start_label) if s in results],
-                numgap_path=numgap_path,
-            )  # fmt: skip
-            record_file(hf / "README.md", out, record)
+        # The student, and its blend with the distilled twin where `headline-soup` made one; both
+        # cards describe the numeric run's training (the blend's says what it was blended with).
+        workdir = out / evaluate.slug(student_label(seed, verify=verify))
+        for label in (student_label(seed, verify=verify), soup_label(None, seed)):
+            hf = out / evaluate.slug(label) / "hf"
+            if label in results and hf.is_dir() and workdir.is_dir():
+                model_card.write_card(
+                    hf, label=label, results=results, teacher="Teacher", workdir=workdir,
+                    starts=[s for s in (PLAIN_START, start_label) if s in results],
+                    numgap_path=numgap_path,
+                )  # fmt: skip
+                record_file(hf / "README.md", out, record)
     print(report)
     for line in provenance.summary_lines(results, prefix="study"):
         print(line)

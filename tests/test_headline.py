@@ -80,6 +80,20 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
         headline.get_config("query").loss.to_dict()
     )
     assert not (hf / "README.md.partial").exists()
+    assert "**Weights:**" not in text  # one run's weights: no blend line
+    # A blend (`export --blend_with`) says what it was blended with, from the twin's config.
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "config.json").write_text(headline.get_config("distill").to_json_best_effort())
+    (hf / "caliber_export.json").write_text(
+        json.dumps({"workdir": "run", "step": 2000, "interpolate": 0.25, "blend_with": str(twin)})
+    )
+    text = model_card.write_card(
+        hf, label="Headline lp long s0", results=results, teacher="Teacher",
+        starts=["Initial t384 s0"], workdir=hf.parent, numgap_path="ng.jsonl",
+    ).read_text()  # fmt: skip
+    assert "**Weights:** a blend, 0.75 x a twin trained by distillation alone" in text
+    assert "objective caliber, lambda 0.0, perturb_weight 1.0, structure 0.0) + 0.25 x" in text
 
 
 def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
@@ -204,6 +218,17 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
     assert "study: restored from records: " in printed and "Initial lp long s0 (restored" in printed
     card = (out / study_headline.evaluate.slug(label) / "hf" / "README.md").read_text()
     assert "commit new1234" in card
+    # A blend that `headline-soup` scored on the test set gets its card too.
+    soup = out / "Soup_lp_long_s0"
+    fake_run("export", ["caliber_jax.export", f"--output={soup / 'hf'}"], {})
+    (soup / "hf" / "caliber_export.json").write_text(json.dumps(
+        {"interpolate": 0.5, "blend_with": str(out / "Distill_lp_long_s0")}))  # fmt: skip
+    fake_run("evaluate", ["caliber_jax.evaluate", "--label=Soup lp long s0",
+                          f"--output={out / 'results/Soup_lp_long_s0/financebench+numgap.json'}"],
+             {})  # fmt: skip
+    study_headline.run_headline(args, fake_run, verify=False)
+    assert "| Soup lp long s0 |" in (out / "study.md").read_text()
+    assert "**Weights:** a blend, 0.5 x" in (soup / "hf" / "README.md").read_text()
 
 
 def test_soup_share_is_the_smallest_reaching_the_dev_target():
