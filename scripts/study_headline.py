@@ -260,8 +260,12 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     records = numgap.load_numgap(numgap_path)
     scored = {label: row for label, row in results.items()
               if "numgap" in row.get(PER_QUERY, {})}  # fmt: skip
+    # Beside each rule, how many training pairs of this study's data carry it.
+    train = (
+        numgap_rules.train_rules(data / "train.jsonl") if (data / "train.jsonl").is_file() else None
+    )
     rules = provenance.mark_cells(
-        numgap_rules.markdown(numgap_rules.per_rule(records, scored), list(scored)), scored
+        numgap_rules.markdown(numgap_rules.per_rule(records, scored), list(scored), train), scored
     )
     timing = "\n".join(f"| {stage} | {seconds:.0f} |" for stage, seconds in times.items())
     report = (f"{table}\n\n## NumGap-D per rule (test set)\n\n{rules}\n"
