@@ -53,6 +53,24 @@ def blend_clause(model_dir: Path) -> str:
             "on NumGap dev).\n")  # fmt: skip
 
 
+def retrieval_clause(results: dict, label: str, others: Sequence[str]) -> str:
+    """The first limitation: this model's FinanceBench nDCG@10 against each of `others` that has
+    one, as measured (better or worse), so the card never implies a gain it did not show."""
+
+    def ndcg(name: str):
+        return results.get(name, {}).get("financebench", {}).get("ndcg_at_10")
+
+    mine = ndcg(label)
+    parts = [f"{'above' if mine > ndcg(o) else 'below'} {o} ({ndcg(o):.4f})"
+             for o in others if ndcg(o) is not None and o != label]  # fmt: skip
+    if mine is None or not parts:
+        return ""
+    return (f"- Retrieval: FinanceBench nDCG@10 {mine:.4f}, " + ", ".join(parts) + " (150 "
+            "questions: see the study's paired tests before reading a difference of a few "
+            "hundredths). Numeric faithfulness does not by itself improve retrieval."
+            "\n")  # fmt: skip
+
+
 def _cell(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -101,6 +119,7 @@ def write_card(
     )
     steps = summary.get("step") or config.get("total_steps")
     eval_length = mine.get("settings", {}).get("max_length", "?")
+    retrieval = retrieval_clause(results, label, [*starts, teacher])
     teacher_length = config.get("teacher", {}).get("max_length")
     train_length = config.get("data", {}).get("max_length")
     lr = config.get("optim", {}).get("lr")
@@ -185,8 +204,9 @@ numbers, units and direction words should change its vector: e.g. telling "$5 mi
 
 ## Limitations
 
-- NumGap-D measures whether a perturbed passage falls below a topical distractor; it does not make
-  the model read or compare numbers, and a query that states no number gains nothing from it.
+{retrieval}- NumGap-D measures whether a perturbed passage falls below a topical distractor; it
+  does not make the model read or compare numbers, and a query that states no number gains
+  nothing from it.
 - Separation differs by rule and category (the study's per-rule table): direction words
   (polarity) move the least; scale swaps and %/bps do not separate alike.
 - Trained and evaluated on SEC filings at {train_length}-token passages; other domains and

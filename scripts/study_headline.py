@@ -90,6 +90,14 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
     return reaching[0] if reaching else None
 
 
+def shown_path(path: Path) -> str:
+    """`path` as a reader's clone names it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def student_label(seed: int, *, verify: bool) -> str:
     """ "Headline lp long s0": variant "lp long" pairs it with the long study's start and LEAF
     (`significance.comparison_pairs`); the verify run's own start is "Initial lp verify s0"."""
@@ -287,7 +295,7 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
                 model_card.write_card(
                     hf, label=label, results=results, teacher="Teacher", workdir=workdir,
                     starts=[s for s in (PLAIN_START, start_label) if s in results],
-                    numgap_path=numgap_path,
+                    numgap_path=shown_path(numgap_path),
                 )  # fmt: skip
                 record_file(hf / "README.md", out, record)
     print(report)

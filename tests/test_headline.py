@@ -76,6 +76,8 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     assert "**Steps:** 2000 of batch 32" in text and "commit abc1234" in text
     assert "Transformer -> Pooling -> Dense" in text and "Every model at 256 tokens" in text
     assert "query-passage geometry" not in text and "20000 passages" in text  # no query term
+    assert ("- Retrieval: FinanceBench nDCG@10 0.6123, above Initial t384 s0 (0.5557), below "
+            "Teacher (0.6609)") in text  # fmt: skip
     assert "+ 50.0 x query-passage geometry" in model_card.query_clause(
         headline.get_config("query").loss.to_dict()
     )
@@ -218,6 +220,7 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
     assert "study: restored from records: " in printed and "Initial lp long s0 (restored" in printed
     card = (out / study_headline.evaluate.slug(label) / "hf" / "README.md").read_text()
     assert "commit new1234" in card
+    assert "(`docs/study_mpnet_long/data/numgap_test.jsonl`)" in card  # as a clone names it
     # A blend that `headline-soup` scored on the test set gets its card too.
     soup = out / "Soup_lp_long_s0"
     fake_run("export", ["caliber_jax.export", f"--output={soup / 'hf'}"], {})
