@@ -190,6 +190,8 @@ def run_pilots(args, run: RunFn) -> None:
     (pilots / "pilots.md").write_text(report)
     record_file(pilots / "pilots.md", out, record)
     print(report)
+    for line in provenance.summary_lines(results, prefix="pilots"):
+        print(line)
 
 
 def run_headline(args, run: RunFn, *, verify: bool) -> None:
@@ -375,6 +377,8 @@ def run_soup(args, run: RunFn) -> None:
     (soup / "soup.md").write_text(report)
     record_file(soup / "soup.md", out, record)
     print(report)
+    for line in provenance.summary_lines(dev, prefix="soup"):
+        print(line)
     if share is None:
         return
     test_common = [f"--financebench={args.financebench}",
