@@ -8,6 +8,13 @@ direction-word pair, x10 or /10, ...) is read off its anchor and perturbed text;
 (`caliber_jax.evaluate --tasks numgap`, saved with per-record outcomes) gives its hit per record.
 Nothing is encoded: a file scored on other records (ids differ) is refused. `--train` adds the
 rule counts of a prepared passages file (the training perturbations) as a column.
+
+    python scripts/numgap_rules.py --teacher_data runs/headline/data
+
+prints, per rule of a prepared folder's training perturbations, how far the teacher itself moves
+a passage under the edit (1 - cos(t x, t pi x)) and how far its BM25 neighbour is
+(1 - cos(t x, t nb)), from the teacher stores `embed_teacher` wrote: whether a rule that does not
+separate is one the teacher barely registers.
 """
 
 import argparse
@@ -19,7 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from caliber_jax.data import corpus, perturb  # noqa: E402
+import numpy as np  # noqa: E402
+
+from caliber_jax.data import corpus, perturb, teacher  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 
 
@@ -40,6 +49,53 @@ def train_rules(path: Path) -> Counter:
             rule = perturb.edit_rule(record["text"], record["perturbed"], category)
             counts[(category, rule)] += 1
     return counts
+
+
+def teacher_distances(data: Path) -> dict[tuple[str, str], dict[str, float]]:
+    """{(category, rule): {"n", "pair", "neighbour"}} over a prepared folder's perturbed training
+    passages: the mean 1 - cos(t x, t pi x) and 1 - cos(t x, t nb) of the teacher's stored
+    vectors (rows without a neighbour count for "pair" only), plus each category's "all" row."""
+    rows = list(corpus.load_jsonl(data / "train.jsonl"))
+    stores = {name: teacher.open_reader(data / "teacher_train" / name, expect_rows=len(rows),
+                                        expect_dim=_store_dim(data / "teacher_train" / name))
+              for name in ("x", "px")}  # fmt: skip
+    perturbed = [i for i, row in enumerate(rows) if row.get("perturbed")]
+    x, px = (_unit(stores[name][perturbed]) for name in ("x", "px"))
+    pair = 1.0 - np.sum(x * px, axis=1)
+    with_nb = [k for k, i in enumerate(perturbed) if rows[i].get("neighbour") is not None]
+    nb = _unit(stores["x"][[rows[perturbed[k]]["neighbour"] for k in with_nb]])
+    neighbour = dict(zip(with_nb, 1.0 - np.sum(x[with_nb] * nb, axis=1), strict=True))
+    groups: dict[tuple[str, str], list[int]] = {}
+    for k, i in enumerate(perturbed):
+        category = rows[i]["category"]
+        rule = perturb.edit_rule(rows[i]["text"], rows[i]["perturbed"], category)
+        groups.setdefault((category, "all"), []).append(k)
+        groups.setdefault((category, rule), []).append(k)
+    table = {}
+    for key in sorted(groups, key=lambda k: (k[0], k[1] != "all", k[1])):
+        ks = groups[key]
+        nbs = [neighbour[k] for k in ks if k in neighbour]
+        table[key] = {"n": len(ks), "pair": float(np.mean(pair[ks])),
+                      "neighbour": float(np.mean(nbs)) if nbs else float("nan")}  # fmt: skip
+    return table
+
+
+def _store_dim(path: Path) -> int:
+    return int(json.loads((path / "metadata.json").read_text())["dim"])
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def distances_markdown(table: dict, min_pairs: int = 1) -> str:
+    lines = ["| category | rule | train pairs | teacher 1 - cos(t x, t pi x) | "
+             "teacher 1 - cos(t x, t nb) |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for (category, rule), row in table.items():
+        if rule == "all" or row["n"] >= min_pairs:
+            lines.append(f"| {category} | {rule} | {row['n']} | {row['pair']:.4f} | "
+                         f"{row['neighbour']:.4f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def per_rule(records: list[dict], results: dict[str, dict]) -> dict[tuple[str, str], dict]:
@@ -81,11 +137,24 @@ def markdown(table: dict, labels: list[str], train: Counter | None = None) -> st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--numgap", required=True, help="the NumGap file the results scored")
-    parser.add_argument("--results", nargs="+", required=True, help="results JSON files")
+    parser.add_argument("--numgap", help="the NumGap file the results scored")
+    parser.add_argument("--results", nargs="+", help="results JSON files")
+    parser.add_argument(
+        "--teacher_data",
+        default=None,
+        help="a prepared folder with teacher "
+        "stores: print the teacher's distances per training rule instead",
+    )
+    parser.add_argument("--min_pairs", type=int, default=20, help="(--teacher_data) smallest "
+                        "rule shown")  # fmt: skip
     parser.add_argument("--train", default=None, help="prepared train.jsonl: rule counts")
     parser.add_argument("--output", default=None, help="also write the markdown table here")
     args = parser.parse_args()
+    if args.teacher_data:
+        print(distances_markdown(teacher_distances(Path(args.teacher_data)), args.min_pairs))
+        return
+    if not args.numgap or not args.results:
+        parser.error("--numgap and --results are required (or --teacher_data)")
     records = numgap.load_numgap(args.numgap)
     results = {}
     for path in args.results:

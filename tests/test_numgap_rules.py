@@ -4,6 +4,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -42,3 +43,33 @@ def test_per_rule_hand_values():
     other[PER_QUERY]["numgap"]["D"] = {"0:deadbeef": 1}
     with pytest.raises(ValueError, match="C: no per-record NumGap outcomes"):
         numgap_rules.per_rule(RECORDS, {"C": other})
+
+
+def test_teacher_distances_hand_values(tmp_path):
+    """Per rule, the teacher's mean 1 - cos(t x, t pi x) and 1 - cos(t x, t nb) over the
+    perturbed training rows, read from the stores (vectors need not be unit length)."""
+    from caliber_jax.data import corpus, teacher
+
+    rows = [
+        {"text": "Sales were $5 million.", "category": "unit",
+         "perturbed": "Sales were $5 billion.", "neighbour": 2},
+        {"text": "Margins increased.", "category": "polarity",
+         "perturbed": "Margins decreased.", "neighbour": None},
+        {"text": "Costs were flat.", "category": None, "perturbed": None, "neighbour": None},
+    ]  # fmt: skip
+    corpus.save_jsonl(tmp_path / "train.jsonl", rows)
+    vectors = {"x": [[2.0, 0.0], [0.0, 1.0], [0.0, 3.0]], "px": [[1.0, 1.0], [0.6, 0.8], [0, 0]]}
+    for name, values in vectors.items():
+        path = tmp_path / "teacher_train" / name
+        meta = {"teacher": "t", "pooling": "mean", "native_dim": 2, "text_hash": name}
+        teacher.create_store(path, num_rows=3, dim=2, chunk_rows=3, metadata=meta)
+        teacher.write_rows(path, 0, np.asarray(values, dtype=np.float32))
+    table = numgap_rules.teacher_distances(tmp_path)
+    unit = table[("unit", "million->billion")]
+    assert unit["n"] == 1 and unit["pair"] == pytest.approx(1 - 2**-0.5)
+    assert unit["neighbour"] == pytest.approx(1.0)  # x (1, 0) against its neighbour (0, 1)
+    polarity = table[("polarity", "increased/decreased")]
+    assert polarity["pair"] == pytest.approx(0.2) and np.isnan(polarity["neighbour"])
+    assert table[("unit", "all")]["n"] == 1 and ("None", "all") not in table
+    text = numgap_rules.distances_markdown(table)
+    assert "| unit | million->billion | 1 | 0.2929 | 1.0000 |" in text
