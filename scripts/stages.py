@@ -181,10 +181,13 @@ def config_value(common: list[str], field: str):
     return value
 
 
-def with_seed_means(results: dict[str, dict]) -> tuple[dict[str, dict], str]:
+def with_seed_means(
+    results: dict[str, dict], against: str | None = None
+) -> tuple[dict[str, dict], str]:
     """`results` plus each model trained on several seeds as its seed mean ("LEAF lp long s0+s1",
     restored, and marked so, when any of its seeds is), and the paired-test tables over them with
-    every restored row marked."""
+    every restored row marked; `against`: a model every trained one (not the Teacher nor an
+    Initial) is also paired with (e.g. the plain model a user runs today)."""
     means = significance.seed_means(results)
     for name, mean in means.items():
         head, seeds = name.rsplit(" ", 1)
@@ -192,7 +195,10 @@ def with_seed_means(results: dict[str, dict]) -> tuple[dict[str, dict], str]:
             {f"{head} {seed}": results[f"{head} {seed}"] for seed in seeds.split("+")}
         )
     models = {**results, **means}
-    return models, provenance.mark_cells(significance.paired_tables(models), models)
+    extra = [(label, against) for label in models
+             if against in models and label != against and label != "Teacher"
+             and not label.startswith("Initial")]  # fmt: skip
+    return models, provenance.mark_cells(significance.paired_tables(models, extra=extra), models)
 
 
 def record_file(path: Path, root: Path, record: Path | None) -> None:

@@ -265,7 +265,7 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
         row = load_results(directory)
         results[row.get("label", directory.name)] = row
-    models, paired = with_seed_means(results)
+    models, paired = with_seed_means(results, against=PLAIN_START)
     table = evaluate.format_markdown(models) + paired
     records = numgap.load_numgap(numgap_path)
     scored = {label: row for label, row in results.items()

@@ -262,14 +262,22 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def paired_tables(results: Mapping[str, Mapping[str, Any]], *, resamples: int = 10_000) -> str:
+def paired_tables(
+    results: Mapping[str, Mapping[str, Any]],
+    *,
+    resamples: int = 10_000,
+    extra: Sequence[tuple[str, str]] = (),
+) -> str:
     """Markdown: a table of `comparison_pairs` per (task, metric) of PAIRED, among the models of
-    `results` (keyed by label) that kept that task's per-query values; "" when there is none."""
+    `results` (keyed by label) that kept that task's per-query values, then the `extra` pairs a
+    study asks for (where both sides were scored); "" when there is none."""
     tables = []
     for task, metric in PAIRED:
         scored = [label for label, result in results.items()
                   if metric in result.get(PER_QUERY, {}).get(task, {})]  # fmt: skip
         pairs = comparison_pairs(scored)
+        pairs += [pair for pair in extra
+                  if pair not in pairs and pair[0] in scored and pair[1] in scored]  # fmt: skip
         if pairs:
             rows = compare_results(results, pairs, task=task, metric=metric, resamples=resamples)
             tables.append(format_comparisons(rows, metric=metric, task=task))

@@ -213,3 +213,10 @@ def test_seed_means_average_metrics_and_queries_and_pair_like_a_seed():
     assert "| Caliber lp long s0+s1 | LEAF lp long s0+s1 | 0.7000 | 0.6000 | +0.1000 |" in tables
     assert "| Caliber lp long s1 | Caliber lp long s0 |" in tables
     assert "| Caliber lp long s0+s1 | Caliber lp long s0 |" not in tables
+    # A pair the study asks for beyond the rule (a model against the plain model users run
+    # today), once, and only where both sides were scored.
+    plain = {**models, "Initial t384 s0": run(0.45, {"q1": 0.5, "q2": 0.4}, 0.0)}
+    extra = [("Caliber lp long s0+s1", "Initial t384 s0"), ("LEAF lp long s2", "Initial t384 s0")]
+    tables = significance.paired_tables(plain, resamples=100, extra=extra)
+    assert tables.count("| Caliber lp long s0+s1 | Initial t384 s0 | 0.7000 | 0.4500 |") == 1
+    assert "| LEAF lp long s2 | Initial t384 s0 |" not in tables  # no per-query values
