@@ -343,8 +343,14 @@ def run_soup(args, run: RunFn) -> None:
         record_file(path, out, record)
         return load_results(path.parent)
 
-    def blended(label: str, numeric: Path, distill: Path, share: float, hf: Path) -> Path:
-        if not (hf / "modules.json").is_file():
+    def blended(label: str, numeric: Path, distill: Path, share: float, hf: Path,
+                result: Path) -> Path:  # fmt: skip
+        """The blend's export, made again (and its score dropped) when the directory holds
+        another blend: the export's record (written last) names its share and twin."""
+        done = hf / "caliber_export.json"
+        record = json.loads(done.read_text()) if done.is_file() else {}
+        if (record.get("interpolate"), record.get("blend_with")) != (share, str(distill)):
+            result.unlink(missing_ok=True)  # scored on other weights
             run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={numeric}",
                                     f"--blend_with={distill}", f"--interpolate={share}",
                                     f"--output={hf}"], times)  # fmt: skip
@@ -357,8 +363,8 @@ def run_soup(args, run: RunFn) -> None:
         runs[seed] = (numeric, distill)
         for share in (0.0, *SOUP_SHARES, 1.0):
             label = soup_label(share, seed)
-            hf = blended(label, numeric, distill, share, soup / evaluate.slug(label) / "hf")
             path = soup / "results" / evaluate.slug(label) / "financebench+numgap.json"
+            hf = blended(label, numeric, distill, share, soup / evaluate.slug(label) / "hf", path)
             dev[label] = scored(label, hf, path, dev_common)
     # Chosen on seed 0 alone, so a later seed never changes the blend already exported.
     dev_d = {share: dev[soup_label(share, 0)]["numgap"]["overall"]["D"] for share in SOUP_SHARES}
@@ -386,6 +392,6 @@ def run_soup(args, run: RunFn) -> None:
                    f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
     for seed, (numeric, distill) in runs.items():
         label = soup_label(None, seed)
-        hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf")
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf", path)
         scored(label, hf, path, test_common)

@@ -276,15 +276,20 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
             Path(flag["--workdir"]).mkdir(parents=True)
             (Path(flag["--workdir"]) / "summary.json").write_text("{}")
         elif "caliber_jax.export" in argv:
-            Path(flag["--output"]).mkdir(parents=True)
+            Path(flag["--output"]).mkdir(parents=True, exist_ok=True)
             (Path(flag["--output"]) / "modules.json").write_text("[]")
+            record = {
+                "interpolate": float(flag["--interpolate"]),
+                "blend_with": flag["--blend_with"],
+            }
+            (Path(flag["--output"]) / "caliber_export.json").write_text(json.dumps(record))
         elif "caliber_jax.evaluate" in argv:
             share = next((a for a, _ in dev_d.items() if flag["--label"] == f"Soup a{a:g} s0"), 0)
             d = dev_d.get(share, 0.0)
             result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
                       "numgap": {"overall": {"D": d, "M": 0.0}},
                       "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
-            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).parent.mkdir(parents=True, exist_ok=True)
             Path(flag["--output"]).write_text(json.dumps(result))
 
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
@@ -311,3 +316,12 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
     calls.clear()
     study_headline.run_soup(args, fake_run)
     assert [stage for stage, _ in calls] == ["teacher vectors"]  # a rerun repeats nothing
+    # A blend directory holding another share is exported again and scored again.
+    done = out / "Soup_lp_long_s0" / "hf" / "caliber_export.json"
+    done.write_text(json.dumps({**json.loads(done.read_text()), "interpolate": 0.75}))
+    calls.clear()
+    study_headline.run_soup(args, fake_run)
+    assert [stage for stage, _ in calls][1:] == [
+        "export Soup lp long s0",
+        "evaluate Soup lp long s0",
+    ]
