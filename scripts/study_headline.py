@@ -140,6 +140,20 @@ def record_dir(args, name: str) -> Path | None:
     return None if args.record == "" else Path(args.record or REPO / "docs" / f"study_{name}")
 
 
+def eval_args(args, numgap_path: Path) -> list[str]:
+    """`caliber_jax.evaluate` flags shared by every scoring here: FinanceBench and `numgap_path`
+    at `EVAL_MAX_LENGTH` tokens."""
+    return [f"--financebench={args.financebench}", f"--numgap={numgap_path}",
+            f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+
+
+def prepared(args, run: RunFn, data: Path) -> None:
+    """The headline's prepared data and its teacher vectors (each stage skips what is done)."""
+    if not (data / "stats.json").is_file():
+        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data)], {})
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data)], {})
+
+
 def run_pilots(args, run: RunFn) -> None:
     """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
     first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
@@ -148,12 +162,9 @@ def run_pilots(args, run: RunFn) -> None:
     data = out / "data"
     common = stage_args(args, data)
     record = record_dir(args, "headline")
-    if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *common], {})
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common], {})
+    prepared(args, run, data)
     numgap_path = data / "numgap_dev.jsonl"
-    eval_common = [f"--financebench={args.financebench}", f"--numgap={numgap_path}",
-                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    eval_common = eval_args(args, numgap_path)
     pilots = out / "pilots"
     epochs = PILOT_STEPS / 625
     times: dict[str, float] = {}
@@ -219,8 +230,7 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     if not (data / "stats.json").is_file():
         timed("prepare", ["-m", "caliber_jax.prepare", *common])
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
-    eval_common = [f"--financebench={args.financebench}", f"--numgap={numgap_path}",
-                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    eval_common = eval_args(args, numgap_path)
     results_dir = out / "results"
 
     def evaluate_model(label: str, model_dir: Path, *extra: str) -> None:
@@ -316,13 +326,10 @@ def run_soup(args, run: RunFn) -> None:
     data = out / "data"
     record = record_dir(args, "headline")
     seeds = sorted({0, *(int(s) for s in args.seeds.split(","))})  # seed 0 chooses the share
-    if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data)], {})
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data)], {})
+    prepared(args, run, data)
     soup = out / "soup"
     dev_path = data / "numgap_dev.jsonl"
-    dev_common = [f"--financebench={args.financebench}", f"--numgap={dev_path}",
-                  f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    dev_common = eval_args(args, dev_path)
     times: dict[str, float] = {}
 
     def trained(label: str, variant: str, seed: int) -> Path:
@@ -387,9 +394,7 @@ def run_soup(args, run: RunFn) -> None:
         print(line)
     if share is None:
         return
-    test_common = [f"--financebench={args.financebench}",
-                   f"--numgap={LONG_RECORD / 'data/numgap_test.jsonl'}",
-                   f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
+    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
     for seed, (numeric, distill) in runs.items():
         label = soup_label(None, seed)
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
