@@ -24,10 +24,12 @@ from caliber_jax.eval import numfine
 
 
 def choose_perturbation(
-    text: str, *, seed: int, categories: Sequence[str]
+    text: str, *, seed: int, categories: Sequence[str], polarity_scope: str = "paper"
 ) -> tuple[dict[str, str], str | None]:
     """Returns (each firing category -> perturbed text, the category picked by `seed`)."""
-    fired = perturb.perturb_all(text, seed=seed, categories=categories)
+    fired = perturb.perturb_all(
+        text, seed=seed, categories=categories, polarity_scope=polarity_scope
+    )
     if not fired:
         return fired, None
     return fired, random.Random(seed).choice(sorted(fired))
@@ -54,6 +56,7 @@ def prepare(
     neighbour_k: int = 0,
     queries: bool = False,
     balance_rules: bool = False,
+    polarity_scope: str = "paper",
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -70,7 +73,8 @@ def prepare(
     passage of both splits a "query" field (`make_queries`), a question about it or null.
     `balance_rules` draws the training passages' perturbations again so that every rule of a
     category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
-    (`rebalance_rules`); validation and NumGap are unchanged.
+    (`rebalance_rules`); validation and NumGap are unchanged. `polarity_scope`
+    (`perturb.POLARITY_SCOPES`) says where direction words count, for every split and NumGap.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
     number) from the same held-out documents.
     """
@@ -94,7 +98,10 @@ def prepare(
     chosen = dict.fromkeys(perturb.CATEGORIES, 0)
     for passage in passages:
         fired, category = choose_perturbation(
-            passage["text"], seed=perturb.derive_seed(seed, passage["id"]), categories=categories
+            passage["text"],
+            seed=perturb.derive_seed(seed, passage["id"]),
+            categories=categories,
+            polarity_scope=polarity_scope,
         )
         for name in fired:
             admits[name] += 1
@@ -113,7 +120,9 @@ def prepare(
     # The cap is validation's alone: NumGap draws from every held-out passage (below).
     val = sample(heldout_passages, max_val_passages, seed=seed)
     if balance_rules:
-        train = rebalance_rules(train, categories=categories, seed=seed)
+        train = rebalance_rules(
+            train, categories=categories, seed=seed, polarity_scope=polarity_scope
+        )
     if neighbour_k:
         train_texts = [p["text"] for p in train]
         neighbours = mine_neighbours(train_texts, k=neighbour_k)
@@ -141,6 +150,7 @@ def prepare(
         "chosen": chosen,
         "seed": seed,
         "categories": list(categories),
+        "polarity_scope": polarity_scope,
         "include_eval_docs": include_eval_docs,
         "heldout_documents": sorted(heldout),
         "train_passages": min(len(train), max_train_passages or len(train)),
@@ -155,6 +165,7 @@ def prepare(
             quotas_dev=quotas_dev,
             seed=seed,
             bm25_k=bm25_k,
+            polarity_scope=polarity_scope,
         )
         numgap.save_numgap(output_dir, splits)
         stats["numgap_eligible_anchors"] = sum(
@@ -208,19 +219,24 @@ def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -
 
 
 def rebalance_rules(
-    passages: list[dict[str, Any]], *, categories: Sequence[str], seed: int
+    passages: list[dict[str, Any]],
+    *,
+    categories: Sequence[str],
+    seed: int,
+    polarity_scope: str = "paper",
 ) -> list[dict[str, Any]]:
     """The passages with their "category" and "perturbed" drawn again by
     `perturb.perturb_balanced` under the rule weights of these passages (`perturb.rule_weights`):
     a rule that few passages admit is picked wherever it can be, a common one less often. The
     category is still drawn uniformly among those that fire, so the category mix stays as it
     was; only the rule mix inside a category changes. Seeded per passage id."""
-    weights = perturb.rule_weights([p["text"] for p in passages], categories)
+    texts = [p["text"] for p in passages]
+    weights = perturb.rule_weights(texts, categories, polarity_scope=polarity_scope)
     out = []
     for passage in passages:
         chosen = perturb.perturb_balanced(
             passage["text"], perturb.derive_seed(seed, "balanced", passage["id"]), categories,
-            weights,
+            weights, polarity_scope=polarity_scope,
         )  # fmt: skip
         category, perturbed = chosen if chosen is not None else (None, None)
         out.append({**passage, "category": category, "perturbed": perturbed})
@@ -305,6 +321,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         neighbour_k=options.get("neighbour_k", 0),
         queries=options.get("queries", False),
         balance_rules=options.get("balance_rules", False),
+        polarity_scope=options.get("polarity_scope", "paper"),
     )
 
 

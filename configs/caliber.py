@@ -40,6 +40,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.queries = False
     # Redraw the training perturbations so each rule of a category is about equally common.
     config.prepare.balance_rules = False
+    # Where direction words may be swapped: "paper" (Appendix D.3, within 50 characters of any
+    # numeric span, years included) or "quantity" (only words that govern an amount, at most 4
+    # words away in the same sentence; caliber_jax/data/perturb.py).
+    config.prepare.polarity_scope = "paper"
     config.prepare.numfine_items = 1000  # NumFinE units from held-out documents; 0 = none
 
     config.teacher = ml_collections.ConfigDict()

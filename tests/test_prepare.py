@@ -225,6 +225,50 @@ def test_prepare_balance_rules_redraws_training_perturbations_only(tmp_path):
     assert val[0] == val[1]
 
 
+def test_prepare_polarity_scope_reaches_every_split_and_numgap(tmp_path):
+    """With the "quantity" scope no passage, validation row or NumGap record swaps a
+    cross-reference word ("discussed above"), which the paper's rule does swap."""
+    reference = "As discussed above, the plan was adopted in 201{n}."
+    rows = [
+        {
+            "doc_name": name,
+            "text": "\n\n".join(
+                f"Part {i} of {name}. " + (reference + " " + TOPIC_TEXT[name]).format(n=i + 1) * 3
+                for i in range(6)
+            ),
+        }
+        for name in ("alpha", "beta", "delta")
+    ]
+    source = tmp_path / "c.jsonl"
+    corpus.save_jsonl(source, rows)
+    quotas = {"polarity": 6}
+    options = dict(
+        seed=0, heldout_fraction=0.34, build_numgap=True, quotas_test=quotas, quotas_dev=quotas,
+        categories=("polarity",), balance_rules=True,
+    )  # fmt: skip
+    stats = prepare_lib.prepare(source, tmp_path / "q", polarity_scope="quantity", **options)
+    assert stats["polarity_scope"] == "quantity"
+    written = [
+        *corpus.load_jsonl(tmp_path / "q" / "passages.jsonl"),
+        *corpus.load_jsonl(tmp_path / "q" / "train.jsonl"),
+        *corpus.load_jsonl(tmp_path / "q" / "val.jsonl"),
+        *numgap.load_numgap(tmp_path / "q" / "numgap_dev.jsonl"),
+        *numgap.load_numgap(tmp_path / "q" / "numgap_test.jsonl"),
+    ]
+    perturbed = [row for row in written if row.get("perturbed")]
+    assert len(perturbed) > 10
+    assert not any("discussed below" in row["perturbed"] for row in perturbed)
+    for row in perturbed:
+        text = row.get("text", row.get("anchor"))
+        edits = perturb.candidate_edits(text, "polarity", polarity_scope="quantity")
+        assert row["perturbed"] in [p for _, p in edits]
+    # The paper's rule offers the cross-reference swap on these very passages.
+    assert any(
+        "discussed below" in p for row in perturbed for _, p in perturb.candidate_edits(
+            row.get("text", row.get("anchor")), "polarity")
+    )  # fmt: skip
+
+
 def test_prepare_stores_training_neighbours(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
     prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)

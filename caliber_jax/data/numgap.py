@@ -124,6 +124,7 @@ def build_numgap(
     max_chars: int = ANCHOR_MAX_CHARS,
     min_numeric_tokens: int = ANCHOR_MIN_NUMERIC_TOKENS,
     batch_size: int = 256,
+    polarity_scope: str = "paper",
 ) -> dict[str, list[dict[str, str]]]:
     """Builds the NumGap dev and test splits from `passages`.
 
@@ -141,6 +142,7 @@ def build_numgap(
       max_jaccard: drop neighbours whose numeric-token Jaccard with the anchor exceeds this.
       min_chars, max_chars, min_numeric_tokens: anchor eligibility (Appendix D.1).
       batch_size: anchors per BM25 retrieval batch (speed only; results do not depend on it).
+      polarity_scope: where direction words count (`perturb.POLARITY_SCOPES`).
 
     Returns:
       {"dev": [record, ...], "test": [record, ...]} with RECORD_FIELDS keys.
@@ -186,6 +188,7 @@ def build_numgap(
                 texts[anchor],
                 seed=perturb.derive_seed(seed, "numgap", ids[anchor]),
                 categories=wanted,
+                polarity_scope=polarity_scope,
             )
             for anchor in batch
         ]

@@ -6,6 +6,7 @@ result differs from the input only inside that site, by 1 to 30 characters of ed
 """
 
 import dataclasses
+import functools
 import hashlib
 import random
 import re
@@ -19,6 +20,17 @@ MIN_EDIT_DISTANCE = 1
 MAX_EDIT_DISTANCE = 30
 # Appendix D.3: direction words count only this close (in characters) to a numeric span.
 POLARITY_WINDOW = 50
+# Where a direction word may be swapped. "paper" is Appendix D.3: within POLARITY_WINDOW
+# characters of any numeric span, years and dates included, so "as indicated above ... in 2021"
+# counts. "quantity" keeps only the words that govern an amount: a numeric span that is no year,
+# period or document reference ("Item 7") lies at most QUANTITY_WORDS words away, inside the
+# window and with no sentence break between them ("rose 5%", "below $10 million", "a loss of
+# $3.2 million"). Issue #37 measured the difference: most "above"/"below" pairs of the paper
+# rule are cross-references, and no student learns to separate those as numbers.
+POLARITY_SCOPES = ("paper", "quantity")
+QUANTITY_WORDS = 4
+# A sentence ends at [.;:!?] before a space, the end or a capital (PDF text drops spaces: "bps.As").
+_SENTENCE_BREAK_RE = re.compile(r"[.;:!?](?:\s|$|(?=[A-Z]))|\n")
 
 # Appendix D.2, without the PDF spacing artefacts ("(? :" -> "(?:", "\d {2,4}" -> "\d{2,4}",
 # "[ + \u2212 ]" -> "[+\u2212]": VERBOSE keeps spaces inside a character class). re.ASCII keeps
@@ -248,10 +260,42 @@ def _near_span(start: int, end: int, spans: Sequence[tuple[int, int]]) -> bool:
     )
 
 
-def _polarity_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
+def _is_quantity(text: str, start: int, end: int) -> bool:
+    """A numeric span that states an amount: no year or fiscal period, no "Item 7"-style label,
+    no bare "3M"-style name."""
+    token = text[start:end]
+    return not (
+        _is_period_token(token)
+        or _is_reference(text, start)
+        or _is_bare_letter_unit(text, start, end)
+    )
+
+
+def _governs(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) -> bool:
+    """True when the word `text[start:end]` is close to an amount of `spans` in the "quantity"
+    scope's sense: at most QUANTITY_WORDS words and POLARITY_WINDOW characters between them, no
+    sentence break."""
+    for span_start, span_end in spans:
+        gap = text[end:span_start] if span_start >= end else text[span_end:start]
+        if (
+            len(gap) <= POLARITY_WINDOW
+            and len(gap.split()) <= QUANTITY_WORDS
+            and not _SENTENCE_BREAK_RE.search(gap)
+            and _is_quantity(text, span_start, span_end)
+        ):
+            return True
+    return False
+
+
+def _polarity_sites(
+    text: str, spans: Sequence[tuple[int, int]], scope: str = "paper"
+) -> list[Site]:
+    if scope not in POLARITY_SCOPES:
+        raise ValueError(f"unknown polarity scope {scope!r}; expected one of {POLARITY_SCOPES}")
+    near = _near_span if scope == "paper" else functools.partial(_governs, text)
     sites = []
     for match in _DIRECTION_RE.finditer(text):
-        if _near_span(match.start(), match.end(), spans):
+        if near(match.start(), match.end(), spans):
             opposite = DIRECTION_WORDS[match.group().lower()]
             sites.append([Edit(match.start(), match.end(), _match_case(match.group(), opposite))])
     for start, end in spans:
@@ -366,11 +410,20 @@ def _check_categories(categories: Iterable[str]) -> None:
             raise ValueError(f"unknown perturbation category {category!r}; expected {CATEGORIES}")
 
 
-def candidate_sites(text: str, category: str) -> list[Site]:
-    """Every site where `category` could edit `text`, before the edit-distance filter."""
+def _sites(
+    text: str, spans: Sequence[tuple[int, int]], category: str, polarity_scope: str
+) -> list[Site]:
+    if category == "polarity":
+        return _polarity_sites(text, spans, polarity_scope)
+    return _SITE_FNS[category](text, spans)
+
+
+def candidate_sites(text: str, category: str, *, polarity_scope: str = "paper") -> list[Site]:
+    """Every site where `category` could edit `text`, before the edit-distance filter;
+    `polarity_scope` is one of POLARITY_SCOPES."""
     _check_categories([category])
     spans = numeric_spans(text)
-    return _SITE_FNS[category](text, spans) if spans else []
+    return _sites(text, spans, category, polarity_scope) if spans else []
 
 
 def _choose(text: str, sites: list[Site], seed: int) -> str | None:
@@ -388,21 +441,30 @@ def _choose(text: str, sites: list[Site], seed: int) -> str | None:
     return None
 
 
-def perturb(text: str, category: str, seed: int = 0) -> str | None:
+def perturb(
+    text: str, category: str, seed: int = 0, *, polarity_scope: str = "paper"
+) -> str | None:
     """Applies one seeded `category` perturbation to `text`.
 
     Args:
       text: passage with at least one numeric token (NUM_RE); other texts give None.
       category: one of CATEGORIES.
       seed: picks the site and the edit; the same inputs always give the same output.
+      polarity_scope: where direction words count (POLARITY_SCOPES; "paper" is Appendix D.3).
 
     Returns:
       The perturbed text, or None when the rule cannot fire.
     """
-    return _choose(text, candidate_sites(text, category), seed)
+    return _choose(text, candidate_sites(text, category, polarity_scope=polarity_scope), seed)
 
 
-def perturb_all(text: str, seed: int = 0, categories: Sequence[str] = CATEGORIES) -> dict[str, str]:
+def perturb_all(
+    text: str,
+    seed: int = 0,
+    categories: Sequence[str] = CATEGORIES,
+    *,
+    polarity_scope: str = "paper",
+) -> dict[str, str]:
     """Maps each category in `categories` that fires on `text` to its perturbed text."""
     _check_categories(categories)
     spans = numeric_spans(text)
@@ -410,7 +472,7 @@ def perturb_all(text: str, seed: int = 0, categories: Sequence[str] = CATEGORIES
         return {}
     fired = {}
     for category in categories:
-        sites = _SITE_FNS[category](text, spans)
+        sites = _sites(text, spans, category, polarity_scope)
         perturbed = _choose(text, sites, derive_seed(seed, category))
         if perturbed is not None:
             fired[category] = perturbed
@@ -418,10 +480,14 @@ def perturb_all(text: str, seed: int = 0, categories: Sequence[str] = CATEGORIES
 
 
 def perturb_any(
-    text: str, seed: int = 0, categories: Sequence[str] = CATEGORIES
+    text: str,
+    seed: int = 0,
+    categories: Sequence[str] = CATEGORIES,
+    *,
+    polarity_scope: str = "paper",
 ) -> tuple[str, str] | None:
     """Picks one firing category by seed and returns `(category, perturbed)`, or None."""
-    fired = perturb_all(text, seed=seed, categories=categories)
+    fired = perturb_all(text, seed=seed, categories=categories, polarity_scope=polarity_scope)
     if not fired:
         return None
     category = random.Random(seed).choice(sorted(fired))
@@ -504,11 +570,13 @@ def edit_rule(text: str, perturbed: str, category: str) -> str:
     return f"{old}->{new}"
 
 
-def candidate_edits(text: str, category: str) -> list[tuple[str, str]]:
+def candidate_edits(
+    text: str, category: str, *, polarity_scope: str = "paper"
+) -> list[tuple[str, str]]:
     """Every `(rule, perturbed text)` that `category` can make of `text` within the edit-distance
     bounds, in site order (the choices `perturb` draws one of)."""
     found = []
-    for site in candidate_sites(text, category):
+    for site in candidate_sites(text, category, polarity_scope=polarity_scope):
         for edit in site:
             perturbed = edit.apply(text)
             distance = edit_distance(text, perturbed) if perturbed != text else 0
@@ -517,13 +585,16 @@ def candidate_edits(text: str, category: str) -> list[tuple[str, str]]:
     return found
 
 
-def rule_weights(texts: Iterable[str], categories: Sequence[str]) -> dict[str, dict[str, float]]:
+def rule_weights(
+    texts: Iterable[str], categories: Sequence[str], *, polarity_scope: str = "paper"
+) -> dict[str, dict[str, float]]:
     """Per category, 1 / (number of `texts` admitting the rule) for every rule seen: the weights
     under which `perturb_balanced` draws the rules of a corpus about equally often."""
     counts: dict[str, dict[str, int]] = {category: {} for category in categories}
     for text in texts:
         for category in categories:
-            for rule in {rule for rule, _ in candidate_edits(text, category)}:
+            edits = candidate_edits(text, category, polarity_scope=polarity_scope)
+            for rule in {rule for rule, _ in edits}:
                 counts[category][rule] = counts[category].get(rule, 0) + 1
     return {c: {rule: 1.0 / n for rule, n in rules.items()} for c, rules in counts.items()}
 
@@ -533,6 +604,8 @@ def perturb_balanced(
     seed: int,
     categories: Sequence[str],
     weights: dict[str, dict[str, float]],
+    *,
+    polarity_scope: str = "paper",
 ) -> tuple[str, str] | None:
     """One seeded perturbation with rules drawn by `weights` (`rule_weights`): a category
     uniformly among those that fire, then a rule with probability proportional to its weight
@@ -543,7 +616,11 @@ def perturb_balanced(
     """
     _check_categories(categories)
     rng = random.Random(seed)
-    options = {c: edits for c in categories if (edits := candidate_edits(text, c))}
+    options = {
+        c: edits
+        for c in categories
+        if (edits := candidate_edits(text, c, polarity_scope=polarity_scope))
+    }
     if not options:
         return None
     category = rng.choice(sorted(options))

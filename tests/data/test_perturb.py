@@ -162,6 +162,43 @@ def test_polarity_leaves_ranges_and_hyphenated_words_alone():
     assert outputs("a range of 5-10% for the up-front fee", "polarity") == {None}
 
 
+def quantity_outputs(text: str) -> set[str | None]:
+    return {perturb.perturb(text, "polarity", seed, polarity_scope="quantity") for seed in SEEDS}
+
+
+def test_quantity_scope_swaps_words_that_govern_an_amount():
+    for text in (
+        "Revenue increased 5.5% this year.",
+        "the price stayed below $10 million in the quarter",
+        "a loss of $3.2 million was recorded",
+        "margins were 120 bps higher than planned",
+    ):
+        assert quantity_outputs(text) == outputs(text, "polarity") != {None}
+
+
+def test_quantity_scope_skips_cross_references_dates_and_labels():
+    """The paper's rule (Appendix D.3) swaps these; none of them states a numeric fact."""
+    for text in (
+        "As indicated above, the plan was adopted in 2021.",  # only a year nearby
+        "Costs rose in Q3 2022 as planned.",  # a fiscal period
+        "See Exhibit 31.2 below for the certification.",  # a document label
+        "a loss, as the notes to the statements say, of $3 million",  # 8 words away
+        "Margins improved. Revenue was $5.2 million.",  # another sentence
+        "the rate was 15 bps.As discussed above, the plan",  # a break without a space
+    ):
+        assert outputs(text, "polarity") != {None}, text
+        assert quantity_outputs(text) == {None}, text
+
+
+def test_quantity_scope_keeps_sign_flips():
+    assert quantity_outputs("a change of -3.2% in margin") == {"a change of +3.2% in margin"}
+
+
+def test_unknown_polarity_scope_raises():
+    with pytest.raises(ValueError, match="polarity scope"):
+        perturb.perturb("Revenue increased 5%", "polarity", polarity_scope="near")
+
+
 # --- period --------------------------------------------------------------------------------------
 
 
@@ -483,3 +520,15 @@ def test_balanced_sampling_evens_out_rules():
     assert perturb.perturb_balanced(both[0], 7, ["unit"], weights) == perturb.perturb_balanced(
         both[0], 7, ["unit"], weights
     )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(financial_text)
+def test_quantity_scope_is_a_subset_of_the_paper_rule(text):
+    paper = perturb.candidate_sites(text, "polarity")
+    quantity = perturb.candidate_sites(text, "polarity", polarity_scope="quantity")
+    assert all(site in paper for site in quantity)
+    for category in ("magnitude", "unit"):  # the scope touches polarity alone
+        assert perturb.candidate_sites(text, category, polarity_scope="quantity") == (
+            perturb.candidate_sites(text, category)
+        )
