@@ -154,6 +154,20 @@ def prepared(args, run: RunFn, data: Path) -> None:
     run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data)], {})
 
 
+def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path | None,
+            train_argv: list[str], *, label: str, seed: int) -> Path:  # fmt: skip
+    """Trains `label` into `out/<slug>` (`caliber_jax.train` with `train_argv`, resumable) unless
+    its summary exists, then records its summary, resolved config and metrics; returns the
+    workdir. `stage_fn(stage, argv)` runs one stage."""
+    workdir = out / evaluate.slug(label)
+    if not (workdir / "summary.json").is_file():
+        stage_fn(f"train {label}", ["-m", "caliber_jax.train", *train_argv,
+                                    f"--config.seed={seed}", f"--workdir={workdir}"])  # fmt: skip
+    for file in ("summary.json", "config.json", "metrics.jsonl"):
+        record_file(workdir / file, out, record)
+    return workdir
+
+
 def run_pilots(args, run: RunFn) -> None:
     """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
     first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
@@ -247,17 +261,12 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
 
     for seed in seeds:
         label = student_label(seed, verify=verify)
-        workdir = out / evaluate.slug(label)
+        workdir = trained(timed, out, record, common, label=label, seed=seed)
         hf = workdir / "hf"
-        if not (workdir / "summary.json").is_file():
-            timed(f"train {label}", ["-m", "caliber_jax.train", *common, f"--config.seed={seed}",
-                                     f"--workdir={workdir}"])  # fmt: skip
         if not (hf / "modules.json").is_file():
             timed(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
                                       f"--output={hf}"])  # fmt: skip
         evaluate_model(label, hf)
-        for file in ("summary.json", "config.json", "metrics.jsonl"):
-            record_file(workdir / file, out, record)
         if verify and seed == seeds[0]:
             # The fitted start (MiniLM + least-squares W_out), as the first run began.
             start_label = f"Initial lp verify s{seed}"
@@ -332,15 +341,8 @@ def run_soup(args, run: RunFn) -> None:
     dev_common = eval_args(args, dev_path)
     times: dict[str, float] = {}
 
-    def trained(label: str, variant: str, seed: int) -> Path:
-        workdir = out / evaluate.slug(label)
-        if not (workdir / "summary.json").is_file():
-            run(f"train {label}", ["-m", "caliber_jax.train", *stage_args(args, data, variant),
-                                   f"--config.seed={seed}", f"--workdir={workdir}"],
-                times)  # fmt: skip
-        for file in ("summary.json", "config.json", "metrics.jsonl"):
-            record_file(workdir / file, out, record)
-        return workdir
+    def stage(name: str, argv: list[str]) -> None:
+        run(name, argv, times)
 
     def scored(label: str, hf: Path, path: Path, common: list[str]) -> dict:
         if not path.is_file():
@@ -365,8 +367,10 @@ def run_soup(args, run: RunFn) -> None:
 
     runs, dev = {}, {}
     for seed in seeds:
-        numeric = trained(student_label(seed, verify=False), "", seed)
-        distill = trained(f"Distill lp long s{seed}", ":distill", seed)
+        numeric = trained(stage, out, record, stage_args(args, data),
+                          label=student_label(seed, verify=False), seed=seed)  # fmt: skip
+        distill = trained(stage, out, record, stage_args(args, data, ":distill"),
+                          label=f"Distill lp long s{seed}", seed=seed)  # fmt: skip
         runs[seed] = (numeric, distill)
         for share in (0.0, *SOUP_SHARES, 1.0):
             label = soup_label(share, seed)
