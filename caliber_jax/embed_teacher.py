@@ -4,6 +4,8 @@ passages have them), MRL-truncated to the student's dim.
     python -m caliber_jax.embed_teacher --config configs/caliber.py
     python -m caliber_jax.embed_teacher --config configs/caliber.py \
         --import_x=x.npy --import_px=px.npy --splits=train         # vectors computed elsewhere
+    python -m caliber_jax.embed_teacher --config configs/caliber.py \
+        --reuse_from=runs/old/data          # data prepared again: encode only the changed texts
 
 Writes `<data.dir>/teacher_<split>/{x,px[,q]}` TensorStore arrays with metadata. Resumable: a
 killed job continues with the chunks it had not finished. Multi-host: each process writes its own
@@ -57,21 +59,52 @@ def load_teacher(teacher_config):
     )
 
 
-def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[Path]:
-    """Encodes the split's passages and perturbations into its two stores."""
-    passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
-    texts, perturbed = pipeline.load_passages(passages)
-    out = paths.as_path(config.data.dir) / f"teacher_{split}"
+def teacher_metadata(config, model: embedder.Embedder) -> dict:
+    """What a store records about the teacher that wrote it (`teacher.REUSE_FIELDS` and more)."""
     metadata = {
         "teacher": str(config.teacher.model_dir),
         "pooling": model.pooling if config.teacher.backend == "torch" else model.spec.pooling,
         "native_dim": model.dim,
         "max_length": config.teacher.max_length,
         "compute_dtype": config.teacher.dtype,
-        "passages": str(passages),
     }
     if config.teacher.backend == "torch":  # flax stores keep their metadata (and so resume)
         metadata["backend"] = "torch"
+    return metadata
+
+
+def split_rows(passages) -> dict[str, list[str]]:
+    """The rows of each store of a split: "x" passages, "px" perturbations (empty: none), "q"
+    training queries (field "query", `prepare.make_queries`) when the passages have them."""
+    texts, perturbed = pipeline.load_passages(passages)
+    return {"x": texts, "px": perturbed, "q": pipeline.load_queries(passages) or []}
+
+
+def reusable_vectors(source_dir: str, dim: int, expect: dict) -> dict[str, np.ndarray]:
+    """Text -> teacher vector from every finished store of another prepared data directory
+    (`--reuse_from`), checked against this run's teacher (`teacher.known_vectors`)."""
+    source = paths.as_path(source_dir)
+    known: dict[str, np.ndarray] = {}
+    for store_dir in sorted(source.glob("teacher_*")):
+        passages = source / f"{store_dir.name.removeprefix('teacher_')}.jsonl"
+        if not passages.exists():
+            continue
+        for name, rows in split_rows(passages).items():
+            if (store_dir / name).exists():
+                known.update(teacher.known_vectors(store_dir / name, rows, dim=dim, expect=expect))
+    if not known:
+        raise ValueError(f"{source}: no finished teacher store to reuse (teacher_<split>/x, ...)")
+    return known
+
+
+def embed_split(
+    config, split: str, model: embedder.Embedder, dim: int, known: dict | None = None
+) -> list[Path]:
+    """Encodes the split's passages, perturbations and queries into its stores; texts in `known`
+    (`reusable_vectors`) are copied instead."""
+    passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
+    out = paths.as_path(config.data.dir) / f"teacher_{split}"
+    metadata = {**teacher_metadata(config, model), "passages": str(passages)}
 
     def encode_fn(batch: list[str]) -> np.ndarray:
         return model.encode(
@@ -79,11 +112,13 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
         )
 
     written = []
-    # Training queries (field "query", `prepare.make_queries`) get a third store, "q".
-    queries = pipeline.load_queries(passages) or []
-    for name, rows in (("x", texts), ("px", perturbed), ("q", queries)):
+    for name, rows in split_rows(passages).items():
         if name != "x" and not any(rows):
             continue
+        if known:
+            reused = sum(1 for text in rows if text and text in known)
+            print(f"[caliber_jax] {out / name}: {reused} of {sum(map(bool, rows))} texts reuse "
+                  "stored vectors", file=sys.stderr)  # fmt: skip
         teacher.embed_to_store(
             encode_fn,
             rows,
@@ -94,6 +129,7 @@ def embed_split(config, split: str, model: embedder.Embedder, dim: int) -> list[
             process_index=jax.process_index(),
             process_count=jax.process_count(),
             metadata=metadata,
+            known=known,
         )
         written.append(out / name)
     return written
@@ -150,10 +186,13 @@ def main(argv: Sequence[str]) -> None:
         model = load_teacher(config.teacher)
         if model.dim < dim:
             raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
+        known = None
+        if values.reuse_from:
+            known = reusable_vectors(values.reuse_from, dim, teacher_metadata(config, model))
         stores = []
         for split in values.splits:
             if (paths.as_path(config.data.dir) / f"{split}.jsonl").exists():
-                stores += embed_split(config, split, model, dim)
+                stores += embed_split(config, split, model, dim, known)
     for path in stores:
         print(path)
 
@@ -165,5 +204,8 @@ if __name__ == "__main__":
     flags.DEFINE_string("import_x", None, ".npy [N, D] teacher vectors of the passages.")
     flags.DEFINE_string("import_px", None, ".npy [N, D] vectors of the perturbations.")
     flags.DEFINE_string("teacher_name", "external", "Name recorded for imported vectors.")
+    flags.DEFINE_string(
+        "reuse_from", None, "Another prepared data dir: copy its teacher vectors of equal texts."
+    )
     flags.mark_flag_as_required("config")
     cli.run(main)

@@ -48,3 +48,48 @@ def test_import_npy_through_the_cli(tmp_path):
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert bad.returncode != 0 and "short.npy" in bad.stderr
+
+
+def _embed(data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "caliber_jax.embed_teacher", f"--config={REPO / 'configs/demo.py'}",
+        f"--config.data.dir={data_dir}", "--splits=train", *extra,
+    ]  # fmt: skip
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+
+
+def test_reuse_from_copies_equal_texts_and_encodes_the_rest(tmp_path):
+    """Data prepared again with one changed perturbation: `--reuse_from` copies the stored
+    vectors of the unchanged texts and encodes only the new one; every row equals a fresh
+    encoding of its text (float32, same teacher)."""
+    old = [
+        {"id": "a:0", "text": "Revenue rose 5% to $10 million.", "perturbed": "Revenue fell 5%"
+         " to $10 million."},
+        {"id": "a:1", "text": "Net loss was $3.2 billion in 2020.", "perturbed": None},
+    ]  # fmt: skip
+    new = [{**old[0], "perturbed": "Revenue rose 50% to $10 million."}, old[1]]
+    for name, rows in (("old", old), ("new", new), ("fresh", new)):
+        (tmp_path / name).mkdir()
+        corpus.save_jsonl(tmp_path / name / "train.jsonl", rows)
+    assert _embed(tmp_path / "old").returncode == 0
+    assert _embed(tmp_path / "fresh").returncode == 0
+    result = _embed(tmp_path / "new", f"--reuse_from={tmp_path / 'old'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "x: 2 of 2 texts reuse" in result.stderr
+    assert "px: 0 of 1 texts reuse" in result.stderr
+
+    def rows(name: str, store: str) -> np.ndarray:
+        reader = teacher.open_reader(
+            tmp_path / name / "teacher_train" / store, expect_rows=2, expect_dim=384
+        )
+        return reader[np.arange(2)]
+
+    np.testing.assert_array_equal(rows("new", "x"), rows("old", "x"))  # copied, not re-encoded
+    np.testing.assert_allclose(rows("new", "px"), rows("fresh", "px"), atol=1e-6)
+    assert not rows("new", "px")[1].any()
+    # Vectors of another teacher setting are refused, naming the field.
+    (tmp_path / "other").mkdir()
+    corpus.save_jsonl(tmp_path / "other" / "train.jsonl", new)
+    bad = _embed(tmp_path / "other", f"--reuse_from={tmp_path / 'old'}",
+                 "--config.teacher.max_length=64")  # fmt: skip
+    assert bad.returncode != 0 and "cannot reuse teacher vectors: max_length" in bad.stderr

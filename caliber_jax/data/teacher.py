@@ -15,7 +15,7 @@ import json
 import os
 import struct
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -291,6 +291,7 @@ def embed_to_store(
     process_index: int,
     process_count: int,
     metadata: dict[str, Any],
+    known: Mapping[str, np.ndarray] | None = None,
 ) -> TeacherStore:
     """Encodes this process's unfinished chunks of `texts` and writes them (resumable).
 
@@ -309,11 +310,14 @@ def embed_to_store(
       process_count: number of processes sharing the job.
       metadata: `teacher`, `pooling`, `native_dim` and optional extra keys; `text_hash` is
         computed here.
+      known: text -> its stored [d] vector from the same teacher (`known_vectors`); those texts
+        are copied, not encoded.
 
     Returns:
       The store.
     """
     texts = list(texts)
+    known = known or {}
     store = _create_for_texts(path, texts, dim=dim, dtype=dtype, chunk_rows=chunk_rows,
                               metadata=metadata)  # fmt: skip
     native_dim = int(store.metadata["native_dim"])
@@ -325,7 +329,12 @@ def embed_to_store(
             for start in range(range_start, range_stop, chunk_rows):
                 stop = min(start + chunk_rows, range_stop)
                 vectors = np.zeros((stop - start, dim), np.float32)
-                rows = [i for i in range(start, stop) if texts[i]]
+                rows = []
+                for i in range(start, stop):
+                    if texts[i] in known:
+                        vectors[i - start] = known[texts[i]]
+                    elif texts[i]:
+                        rows.append(i)
                 for offset in range(0, len(rows), batch_rows):
                     batch = rows[offset : offset + batch_rows]
                     encoded = np.asarray(encode_fn([texts[i] for i in batch]), np.float32)
@@ -338,6 +347,34 @@ def embed_to_store(
                 write_rows(store, start, vectors)
                 progress.update(stop - start)
     return store
+
+
+# What must agree for a stored vector to stand for a new encoding of the same text.
+REUSE_FIELDS = ("teacher", "pooling", "native_dim", "max_length", "compute_dtype", "backend")
+
+
+def known_vectors(
+    path: str | os.PathLike, texts: Sequence[str], *, dim: int, expect: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
+    """Text -> stored vector of the finished store at `path`, whose rows are `texts`.
+
+    For reuse when data is prepared again (e.g. a changed perturbation rule): the rows whose
+    text is unchanged need no new encoding.
+
+    Raises:
+      ValueError: naming the path and field, when the store's text hash, dim or any of
+        REUSE_FIELDS (as in `expect`) differs.
+    """
+    reader = open_reader(path, expect_rows=len(texts), expect_dim=dim, expect_hash=text_hash(texts))
+    for field in REUSE_FIELDS:
+        if reader.metadata.get(field) != expect.get(field):
+            raise ValueError(
+                f"{path}: cannot reuse teacher vectors: {field} is "
+                f"{reader.metadata.get(field)!r}, this run's is {expect.get(field)!r}"
+            )
+    rows = [i for i, text in enumerate(texts) if text]
+    vectors = reader[np.asarray(rows, np.int64)] if rows else np.zeros((0, dim), np.float32)
+    return {texts[i]: vector for i, vector in zip(rows, vectors, strict=True)}
 
 
 def import_npy(

@@ -349,3 +349,31 @@ def test_url_paths_reach_tensorstore_and_epath(tmp_path, monkeypatch):
     assert paths.kvstore_spec(url) == {"driver": "file", "path": f"{tmp_path}/data/x"}
     with pytest.raises(ValueError, match="absolute"):
         paths.as_path("file://relative/x")
+
+
+def test_known_vectors_maps_texts_to_rows_and_checks_the_store(tmp_path):
+    texts = [*make_texts(5), ""]
+    path = tmp_path / "s"
+    arguments = dict(batch_rows=2, dim=4, chunk_rows=4, process_index=0, process_count=1)
+    teacher.embed_to_store(fake_encode, texts, path, metadata=METADATA, **arguments)
+    known = teacher.known_vectors(path, texts, dim=4, expect=METADATA)
+    assert sorted(known) == sorted(texts[:5])
+    np.testing.assert_array_equal(known[texts[2]], expected_rows(texts, 4)[2])
+    with pytest.raises(ValueError, match="text_hash"):
+        teacher.known_vectors(path, texts[::-1], dim=4, expect=METADATA)
+    with pytest.raises(ValueError, match="cannot reuse teacher vectors: pooling"):
+        teacher.known_vectors(path, texts, dim=4, expect={**METADATA, "pooling": "cls"})
+    # A store written with `known` copies those rows and encodes only the others.
+    encoded: list[str] = []
+
+    def counting_encode(batch):
+        encoded.extend(batch)
+        return fake_encode(batch)
+
+    more = [*texts, "a new passage of 7.5%"]
+    teacher.embed_to_store(
+        counting_encode, more, tmp_path / "t", metadata=METADATA, known=known, **arguments
+    )
+    assert encoded == ["a new passage of 7.5%"]
+    reader = teacher.open_reader(tmp_path / "t", expect_rows=7, expect_dim=4)
+    np.testing.assert_allclose(reader[np.arange(7)], expected_rows(more, 4), atol=1e-6)
