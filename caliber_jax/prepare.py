@@ -57,6 +57,7 @@ def prepare(
     queries: bool = False,
     balance_rules: bool = False,
     polarity_scope: str = "paper",
+    category_weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -75,9 +76,19 @@ def prepare(
     category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
     (`rebalance_rules`); validation and NumGap are unchanged. `polarity_scope`
     (`perturb.POLARITY_SCOPES`) says where direction words count, for every split and NumGap.
+    `category_weights` (with `balance_rules` only) draws the training category in proportion to
+    these weights among those that fire (1 for a category left out), e.g. {"polarity": 3}.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
     number) from the same held-out documents.
     """
+    tilted = len({(category_weights or {}).get(c, 1.0) for c in categories}) > 1
+    if tilted and not balance_rules:
+        raise ValueError("prepare.category_weights applies to the redrawn training perturbations: "
+                         "set prepare.balance_rules too")  # fmt: skip
+    unknown = sorted(set(category_weights or {}) - set(perturb.CATEGORIES))
+    if unknown or any(w <= 0 for w in (category_weights or {}).values()):
+        raise ValueError(f"prepare.category_weights={dict(category_weights)}: categories must be "
+                         f"among {perturb.CATEGORIES}, weights > 0")  # fmt: skip
     records = corpus.load_records(input_path, text_field=text_field)
     passages = list(
         corpus.make_passages(
@@ -121,7 +132,11 @@ def prepare(
     val = sample(heldout_passages, max_val_passages, seed=seed)
     if balance_rules:
         train = rebalance_rules(
-            train, categories=categories, seed=seed, polarity_scope=polarity_scope
+            train,
+            categories=categories,
+            seed=seed,
+            polarity_scope=polarity_scope,
+            category_weights=category_weights,
         )
     if neighbour_k:
         train_texts = [p["text"] for p in train]
@@ -151,6 +166,7 @@ def prepare(
         "seed": seed,
         "categories": list(categories),
         "polarity_scope": polarity_scope,
+        "category_weights": dict(category_weights or {}),
         "include_eval_docs": include_eval_docs,
         "heldout_documents": sorted(heldout),
         "train_passages": min(len(train), max_train_passages or len(train)),
@@ -224,19 +240,21 @@ def rebalance_rules(
     categories: Sequence[str],
     seed: int,
     polarity_scope: str = "paper",
+    category_weights: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The passages with their "category" and "perturbed" drawn again by
     `perturb.perturb_balanced` under the rule weights of these passages (`perturb.rule_weights`):
     a rule that few passages admit is picked wherever it can be, a common one less often. The
-    category is still drawn uniformly among those that fire, so the category mix stays as it
-    was; only the rule mix inside a category changes. Seeded per passage id."""
+    category is still drawn uniformly among those that fire (or by `category_weights`), so the
+    category mix stays as it was; only the rule mix inside a category changes. Seeded per
+    passage id."""
     texts = [p["text"] for p in passages]
     weights = perturb.rule_weights(texts, categories, polarity_scope=polarity_scope)
     out = []
     for passage in passages:
         chosen = perturb.perturb_balanced(
             passage["text"], perturb.derive_seed(seed, "balanced", passage["id"]), categories,
-            weights, polarity_scope=polarity_scope,
+            weights, polarity_scope=polarity_scope, category_weights=category_weights,
         )  # fmt: skip
         category, perturbed = chosen if chosen is not None else (None, None)
         out.append({**passage, "category": category, "perturbed": perturbed})
@@ -322,6 +340,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         queries=options.get("queries", False),
         balance_rules=options.get("balance_rules", False),
         polarity_scope=options.get("polarity_scope", "paper"),
+        category_weights=dict(options.get("category_weights", {})),
     )
 
 

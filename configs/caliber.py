@@ -44,6 +44,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # numeric span, years included) or "quantity" (only words that govern an amount, at most 4
     # words away in the same sentence; caliber_jax/data/perturb.py).
     config.prepare.polarity_scope = "paper"
+    # With balance_rules: the training category drawn in proportion to these weights among those
+    # that fire on a passage (--config.prepare.category_weights.polarity=3); all equal: uniform.
+    config.prepare.category_weights = dict.fromkeys(config.prepare.categories, 1.0)
     config.prepare.numfine_items = 1000  # NumFinE units from held-out documents; 0 = none
 
     config.teacher = ml_collections.ConfigDict()

@@ -28,6 +28,9 @@ trained objective.
 Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
 clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set.
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
+Variant `quantity`: the polarity rule restricted to direction words that govern an amount
+(`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
+of the paper's rule are cross-references such as "as indicated above").
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).
@@ -40,11 +43,11 @@ from configs import study_mpnet
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
-    unknown = variants - {"verify", "query", "distill"}
+    known = {"verify", "query", "distill", "quantity"}
+    unknown = variants - known
     if unknown:
         raise ValueError(
-            f"configs/headline.py: unknown variant(s) {sorted(unknown)} "
-            "(known: verify, query, distill)"
+            f"configs/headline.py: unknown variant(s) {sorted(unknown)} (known: {sorted(known)})"
         )
     config = study_mpnet.get_config("long")
     config.data.dir = "runs/headline/data"
@@ -74,8 +77,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.perturb_weight = 1.0
         config.loss.structure_weight = 0.0
         config.loss.query_weight = 0.0
+    if "quantity" in variants:
+        # Direction words swapped only where they govern an amount (perturb.POLARITY_SCOPES),
+        # in training, validation and NumGap alike; the same passages and order otherwise.
+        config.data.dir = "runs/headline_q/data"
+        config.prepare.polarity_scope = "quantity"
     if "verify" in variants:
-        config.data.dir = "runs/headline_verify/data"
+        config.data.dir = f"runs/headline_verify{'_q' if 'quantity' in variants else ''}/data"
         config.prepare.max_passages = 1600
         config.prepare.max_val_passages = 128
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}

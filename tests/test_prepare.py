@@ -269,6 +269,26 @@ def test_prepare_polarity_scope_reaches_every_split_and_numgap(tmp_path):
     )  # fmt: skip
 
 
+def test_prepare_category_weights_tilt_training_categories_only(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    options = dict(seed=0, heldout_fraction=0.34, build_numgap=False, balance_rules=True)
+    prepare_lib.prepare(source, tmp_path / "even", **options)
+    prepare_lib.prepare(source, tmp_path / "tilted", category_weights={"polarity": 20.0},
+                        **options)  # fmt: skip
+    counts = {}
+    for name in ("even", "tilted"):
+        train = corpus.load_jsonl(tmp_path / name / "train.jsonl")
+        counts[name] = sum(p["category"] == "polarity" for p in train)
+        admits = [p for p in train if perturb.candidate_edits(p["text"], "polarity")]
+    assert counts["even"] < counts["tilted"] and counts["tilted"] >= 0.6 * len(admits)
+    val = [corpus.load_jsonl(tmp_path / d / "val.jsonl") for d in ("even", "tilted")]
+    assert val[0] == val[1]
+    with pytest.raises(ValueError, match="balance_rules"):
+        prepare_lib.prepare(source, tmp_path / "x", seed=0, category_weights={"polarity": 2.0})
+    with pytest.raises(ValueError, match="category_weights"):
+        prepare_lib.prepare(source, tmp_path / "x", category_weights={"polarty": 2.0}, **options)
+
+
 def test_prepare_stores_training_neighbours(tmp_path):
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
     prepare_lib.prepare(source, tmp_path / "out", seed=0, heldout_fraction=0.34, neighbour_k=5)

@@ -10,7 +10,7 @@ import functools
 import hashlib
 import random
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 
 from rapidfuzz.distance import Levenshtein
@@ -606,10 +606,13 @@ def perturb_balanced(
     weights: dict[str, dict[str, float]],
     *,
     polarity_scope: str = "paper",
+    category_weights: Mapping[str, float] | None = None,
 ) -> tuple[str, str] | None:
     """One seeded perturbation with rules drawn by `weights` (`rule_weights`): a category
-    uniformly among those that fire, then a rule with probability proportional to its weight
-    among the rules that category can apply here, then one of that rule's edits uniformly.
+    uniformly among those that fire (or in proportion to `category_weights`, 1 for a category it
+    leaves out; equal weights draw as no weights do), then a rule with probability proportional
+    to its weight among the rules that category can apply here, then one of that rule's edits
+    uniformly.
 
     Returns:
       `(category, perturbed)`, or None when no category fires.
@@ -623,7 +626,12 @@ def perturb_balanced(
     }
     if not options:
         return None
-    category = rng.choice(sorted(options))
+    names = sorted(options)
+    category_draw = [(category_weights or {}).get(c, 1.0) for c in names]
+    if len(set(category_draw)) > 1:
+        category = rng.choices(names, weights=category_draw)[0]
+    else:  # equal weights: the uniform draw, as without weights
+        category = rng.choice(names)
     by_rule: dict[str, list[str]] = {}
     for rule, perturbed in options[category]:
         by_rule.setdefault(rule, []).append(perturbed)

@@ -532,3 +532,19 @@ def test_quantity_scope_is_a_subset_of_the_paper_rule(text):
         assert perturb.candidate_sites(text, category, polarity_scope="quantity") == (
             perturb.candidate_sites(text, category)
         )
+
+
+def test_category_weights_tilt_the_category_draw_and_equal_weights_change_nothing():
+    text = "Sales were $5 million, up 5% from 2019, and costs increased 3%."
+    weights = perturb.rule_weights([text], ["unit", "polarity"])
+    draw = [perturb.perturb_balanced(text, seed, ["unit", "polarity"], weights)
+            for seed in range(200)]  # fmt: skip
+    same = [perturb.perturb_balanced(text, seed, ["unit", "polarity"], weights,
+                                     category_weights={"unit": 2.0, "polarity": 2.0})
+            for seed in range(200)]  # fmt: skip
+    assert same == draw
+    tilted = [perturb.perturb_balanced(text, seed, ["unit", "polarity"], weights,
+                                       category_weights={"polarity": 9.0})
+              for seed in range(200)]  # fmt: skip
+    share = [sum(c == "polarity" for c, _ in rows) / 200 for rows in (draw, tilted)]
+    assert 0.4 < share[0] < 0.6 and share[1] > 0.85  # 1/2 and 9/10 in expectation
