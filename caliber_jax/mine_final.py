@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from caliber_jax import provenance
 from caliber_jax.data import corpus
 from caliber_jax.mining import client as client_lib
 from caliber_jax.mining import final_eval, mining
@@ -121,6 +122,13 @@ def make_final_judge(run, queries: list[dict[str, Any]]) -> judge_lib.Judge:
     return judge_lib.EmbeddingJudge(encode_fn, calibration["thresholds"], name=name)
 
 
+def run_provenance(config) -> dict[str, Any]:
+    """`provenance.stamp` of a mining run: its resolved config and its filings (issue #39)."""
+    return provenance.stamp(
+        config=provenance.config_hash(config), data=provenance.data_hash([config.data.filings])
+    )
+
+
 def final_evaluation(
     run, iterations: int, load_model: Callable[[int], Any], train_judge: judge_lib.Judge
 ) -> dict[str, Any]:
@@ -184,6 +192,7 @@ def final_evaluation(
         "unusable_grades": dict(getattr(judge, "unusable", {})),
         "iterations": results,
         "seconds": round(time.perf_counter() - started, 1),
+        provenance.KEY: run_provenance(run.config),
     }
     corpus.save_json(out_path, out)
     return out
