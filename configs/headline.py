@@ -31,6 +31,9 @@ Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
 of the paper's rule are cross-references such as "as indicated above").
+Variant `late`: separate late. The numeric recipe for 400 steps, started from the distilled
+twin's final weights (`variant distill`, 2,000 steps), on the quantity-scope data with polarity
+drawn 3x where it fires (`prepare.category_weights`); `--preset headline-late` runs both phases.
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).
@@ -43,7 +46,7 @@ from configs import study_mpnet
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
-    known = {"verify", "query", "distill", "quantity"}
+    known = {"verify", "query", "distill", "quantity", "late"}
     unknown = variants - known
     if unknown:
         raise ValueError(
@@ -77,10 +80,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.perturb_weight = 1.0
         config.loss.structure_weight = 0.0
         config.loss.query_weight = 0.0
+    if "late" in variants:
+        # Separate late (session 22 pilots, docs/results.md): the numeric recipe for 400 steps
+        # from the distilled twin's final weights (`--preset headline-late` passes
+        # --config.model.init_dir, the twin's export with its W_out), on data with the
+        # quantity-scope polarity rule and polarity drawn 3x where it fires.
+        variants.add("quantity")
+        config.prepare.category_weights.polarity = 3.0
+        config.num_epochs = 0.64  # 400 steps of 32 over the 20,000 passages
     if "quantity" in variants:
         # Direction words swapped only where they govern an amount (perturb.POLARITY_SCOPES),
         # in training, validation and NumGap alike; the same passages and order otherwise.
-        config.data.dir = "runs/headline_q/data"
+        config.data.dir = (
+            "runs/headline_late/data" if "late" in variants else "runs/headline_q/data"
+        )
         config.prepare.polarity_scope = "quantity"
     if "verify" in variants:
         config.data.dir = f"runs/headline_verify{'_q' if 'quantity' in variants else ''}/data"

@@ -44,6 +44,7 @@ PRESETS = {
     "headline-verify": {"config": "configs/headline.py:verify", "overrides": []},
     "headline-pilot": {"config": "configs/headline.py", "overrides": []},
     "headline-soup": {"config": "configs/headline.py", "overrides": []},
+    "headline-late": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -159,6 +160,9 @@ def main() -> None:
             return
         if args.preset == "headline-soup":
             study_headline.run_soup(args, run)
+            return
+        if args.preset == "headline-late":
+            study_headline.run_late(args, run)
             return
         study_headline.run_headline(args, run, verify=args.preset == "headline-verify")
         return

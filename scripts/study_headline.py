@@ -6,6 +6,8 @@
         --filings ../shared/data/financebench/filings.jsonl.gz          # < 2 h on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
         --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
+    python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
+    python scripts/study.py --preset headline-late --seeds 0,1 --filings ...  # separate late
 
 Stages (each skips what is done, so rerunning the command continues a killed run): fetch
 all-mpnet-base-v2, prepare (`configs/headline.py`), teacher vectors of x, pi(x) and the training
@@ -16,7 +18,9 @@ LEAF/Caliber long from that study's records, so the paired tests compare like wi
 start, passages and data order). `headline-verify` evaluates its own Teacher and start on its own
 smaller NumGap set. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
 on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
-FinanceBench; the recipe is chosen on dev alone. Finished evaluations and the report go to
+FinanceBench; the recipe is chosen on dev alone. `headline-soup` blends the headline run with
+its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after the twin
+(`run_late`). Finished evaluations and the report go to
 `--record` (default docs/study_headline[_verify]/), since run folders do not outlive their
 machine.
 """
@@ -88,6 +92,11 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
     """The smallest share whose dev NumGap-D reaches `target` (None when none does)."""
     reaching = [share for share, d in sorted(dev_d.items()) if d >= target]
     return reaching[0] if reaching else None
+
+
+def late_label(seed: int) -> str:
+    """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`."""
+    return f"Late lp long s{seed}"
 
 
 def shown_path(path: Path) -> str:
@@ -309,8 +318,11 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     for seed in seeds:
         # The student, and its blend with the distilled twin where `headline-soup` made one; both
         # cards describe the numeric run's training (the blend's says what it was blended with).
-        workdir = out / evaluate.slug(student_label(seed, verify=verify))
-        for label in (student_label(seed, verify=verify), soup_label(None, seed)):
+        numeric = out / evaluate.slug(student_label(seed, verify=verify))
+        late = out / evaluate.slug(late_label(seed))
+        cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
+                 (late_label(seed), late)]  # fmt: skip
+        for label, workdir in cards:
             hf = out / evaluate.slug(label) / "hf"
             if label in results and hf.is_dir() and workdir.is_dir():
                 model_card.write_card(
@@ -404,3 +416,52 @@ def run_soup(args, run: RunFn) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf", path)
         scored(label, hf, path, test_common)
+
+
+def run_late(args, run: RunFn) -> None:
+    """Separate late, per seed: the distilled twin (`configs/headline.py:distill`, 2,000 steps
+    of LEAF on the headline data, the run `headline-soup` blends with), exported; then
+    `configs/headline.py:late` from its weights (400 steps of the numeric recipe on the
+    quantity-scope, polarity-weighted data, prepared beside the headline's with its teacher
+    vectors reused), exported and scored like the headline students (FinanceBench + the recorded
+    NumGap test set) into the headline's results, so `--preset headline` reports it."""
+    out = Path(args.output or "runs/headline").resolve()
+    data, late_data = out / "data", out / "data_late"
+    record = record_dir(args, "headline")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    prepared(args, run, data)
+    late_args = stage_args(args, late_data, ":late")
+    if not (late_data / "stats.json").is_file():
+        run("prepare late", ["-m", "caliber_jax.prepare", *late_args], {})
+    run("teacher vectors late", ["-m", "caliber_jax.embed_teacher", *late_args,
+                                 f"--reuse_from={data}"], {})  # fmt: skip
+    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
+    times: dict[str, float] = {}
+
+    def stage(name: str, argv: list[str]) -> None:
+        run(name, argv, times)
+
+    def exported(label: str, workdir: Path) -> Path:
+        hf = workdir / "hf"
+        if not (hf / "modules.json").is_file():
+            stage(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                      f"--output={hf}"])  # fmt: skip
+        return hf
+
+    for seed in seeds:
+        distill_label = f"Distill lp long s{seed}"
+        distill = trained(stage, out, record, stage_args(args, data, ":distill"),
+                          label=distill_label, seed=seed)  # fmt: skip
+        start = exported(distill_label, distill)
+        label = late_label(seed)
+        workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
+                          label=label, seed=seed)  # fmt: skip
+        hf = exported(label, workdir)
+        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        if not path.is_file():
+            stage(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
+                                        f"--label={label}", *test_common,
+                                        f"--output={path}"])  # fmt: skip
+        record_file(path, out, record)
+    for stage_name, seconds in times.items():
+        print(f"late: {stage_name}: {seconds:.0f} s")

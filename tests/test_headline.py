@@ -325,3 +325,65 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
         "export Soup lp long s0",
         "evaluate Soup lp long s0",
     ]
+
+
+def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
+    """`--preset headline-late` with each stage replaced by what it writes: the late data is
+    prepared once with the teacher vectors of the headline data reused, the distilled twin
+    trains and is exported, the late run starts from that export with `:late`, and its export
+    is scored on the recorded test set into the headline's results; a rerun repeats nothing."""
+    import argparse
+
+    import study_headline
+
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        calls.append((stage, argv))
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if "caliber_jax.prepare" in argv:
+            Path(flag["--config.data.dir"]).mkdir(parents=True)
+            (Path(flag["--config.data.dir"]) / "stats.json").write_text("{}")
+        elif "caliber_jax.train" in argv:
+            Path(flag["--workdir"]).mkdir(parents=True)
+            (Path(flag["--workdir"]) / "summary.json").write_text("{}")
+        elif "caliber_jax.export" in argv:
+            Path(flag["--output"]).mkdir(parents=True)
+            (Path(flag["--output"]) / "modules.json").write_text("[]")
+        elif "caliber_jax.evaluate" in argv:
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps({"label": flag["--label"]}))
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_late(args, fake_run)
+    argv = dict(calls)
+    assert [stage for stage, _ in calls] == [
+        "teacher vectors", "prepare late", "teacher vectors late", "train Distill lp long s0",
+        "export Distill lp long s0", "train Late lp long s0", "export Late lp long s0",
+        "evaluate Late lp long s0",
+    ]  # fmt: skip
+    assert f"--reuse_from={out / 'data'}" in argv["teacher vectors late"]
+    assert any(a.endswith("configs/headline.py:late") for a in argv["train Late lp long s0"])
+    assert f"--config.data.dir={out / 'data_late'}" in argv["train Late lp long s0"]
+    start = out / "Distill_lp_long_s0" / "hf"
+    assert f"--config.model.init_dir={start}" in argv["train Late lp long s0"]
+    assert "study_mpnet_long/data/numgap_test.jsonl" in " ".join(argv["evaluate Late lp long s0"])
+    assert (out / "results" / "Late_lp_long_s0" / "financebench+numgap.json").is_file()
+    calls.clear()
+    study_headline.run_late(args, fake_run)
+    assert [stage for stage, _ in calls] == ["teacher vectors", "teacher vectors late"]
+
+
+def test_late_variant_is_the_quantity_recipe_with_polarity_weighted_for_400_steps():
+    from configs import headline
+
+    late, plain = headline.get_config("late"), headline.get_config()
+    assert late.prepare.polarity_scope == "quantity" and plain.prepare.polarity_scope == "paper"
+    assert late.prepare.category_weights.polarity == 3.0
+    assert round(late.num_epochs * 20000 / late.batch_size) == 400
+    assert late.loss.to_dict() == plain.loss.to_dict()
+    assert late.data.dir != plain.data.dir
