@@ -53,6 +53,39 @@ def blend_clause(model_dir: Path) -> str:
             "on NumGap dev).\n")  # fmt: skip
 
 
+def weights_text(prepare: dict) -> str:
+    """The training categories' draw weights, "equal" when none differs."""
+    weights = {
+        c: prepare.get("category_weights", {}).get(c, 1.0) for c in prepare.get("categories", [])
+    }
+    if len(set(weights.values())) <= 1:
+        return "equal"
+    return ", ".join(f"{category} {weight:g}" for category, weight in weights.items())
+
+
+def start_clause(config: dict) -> str:
+    """Where the run's weights began: a caliber_jax export (`model.init_dir` holding
+    `caliber_export.json`: "separate late" starts from the distilled twin) or the base model
+    with a least-squares W_out."""
+    init_dir = Path(config.get("model", {}).get("init_dir") or "")
+    record_path = init_dir / "caliber_export.json"
+    if not record_path.is_file():
+        return ("W_out started as the least-squares map from the student's pooled vectors to the "
+                "teacher's.")  # fmt: skip
+    record = json.loads(record_path.read_text())
+    twin = Path(record.get("workdir", ""))
+    twin_config = json.loads((twin / "config.json").read_text()) if twin.is_dir() else {}
+    twin_loss = twin_config.get("loss", {})
+    twin_summary = twin / "summary.json"
+    twin_steps = json.loads(twin_summary.read_text()).get("step") if twin_summary.is_file() else "?"
+    return (
+        f"started from the weights (W_out included) of {twin.name or init_dir.name}: "
+        f"{twin_steps} steps of objective {twin_loss.get('objective', '?')}, lambda "
+        f"{twin_loss.get('lam', '?')}, perturb_weight {twin_loss.get('perturb_weight', '?')} "
+        "from the same start, data and order (distillation first, the numeric terms after)."
+    )
+
+
 def retrieval_clause(results: dict, label: str, others: Sequence[str]) -> str:
     """The first limitation: this model's FinanceBench nDCG@10 against each of `others` that has
     one, as measured (better or worse), so the card never implies a gain it did not show."""
@@ -123,6 +156,7 @@ def write_card(
     teacher_length = config.get("teacher", {}).get("max_length")
     train_length = config.get("data", {}).get("max_length")
     lr = config.get("optim", {}).get("lr")
+    polarity_scope = prepare.get("polarity_scope", "paper")
     commit, date = (
         ", ".join(sorted({str(block.get(field, provenance.UNKNOWN)) for block in blocks}))
         or provenance.UNKNOWN
@@ -186,15 +220,15 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
 - **Data:** {prepare.get("max_passages")} passages of SEC filings (FinanceBench's evaluation
   filings excluded; NumGap from held-out filings only), one rule-based numeric perturbation each
   where a rule fires (categories {", ".join(prepare.get("categories", []))}; rules balanced within
-  a category: {prepare.get("balance_rules")}), a topical BM25 neighbour each, and a training
+  a category: {prepare.get("balance_rules")}; polarity rule: {polarity_scope}; category
+  weights: {weights_text(prepare)}), a topical BM25 neighbour each, and a training
   question each where the offline question generator finds a numeric fact.
 - **Objective:** ||s(x) - t(x)|| + {loss.get("lam")} x max(0, cos(s x, s pi x) - cos(t x, t x_nb)
   + {loss.get("margin")}) ("{loss.get("objective")}" hinge) + {loss.get("structure_weight")} x
   in-batch similarity preservation{query_clause(loss)}, perturb_weight
   {loss.get("perturb_weight")}.
 - **Steps:** {steps} of batch {config.get("batch_size")}, AdamW lr {lr}, max length
-  {train_length}, seed {config.get("seed")}; W_out started as the least-squares map from the
-  student's pooled vectors to the teacher's.
+  {train_length}, seed {config.get("seed")}; {start_clause(config)}
 {blend_clause(model_dir)}
 ## Intended use
 

@@ -96,6 +96,25 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     ).read_text()  # fmt: skip
     assert "**Weights:** a blend, 0.75 x a twin trained by distillation alone" in text
     assert "objective caliber, lambda 0.0, perturb_weight 1.0, structure 0.0) + 0.25 x" in text
+    assert "W_out started as the least-squares map" in text
+    assert "polarity rule: paper; category\n  weights: equal)" in text
+    # Separate late: the run starts from the twin's export, and the card says so.
+    (twin / "summary.json").write_text(json.dumps({"step": 2000}))
+    start = twin / "hf"
+    start.mkdir()
+    (start / "caliber_export.json").write_text(json.dumps({"workdir": str(twin), "step": 2000}))
+    late = headline.get_config("late")
+    late.model.init_dir = str(start)
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "config.json").write_text(late.to_json_best_effort())
+    (hf / "caliber_export.json").unlink()
+    text = model_card.write_card(
+        hf, label="Headline lp long s0", results=results, teacher="Teacher",
+        starts=["Initial t384 s0"], workdir=tmp_path / "late", numgap_path="ng.jsonl",
+    ).read_text()  # fmt: skip
+    assert "started from the weights (W_out included) of twin: 2000 steps of objective" in text
+    assert "caliber, lambda 0.0, perturb_weight 1.0" in text and "least-squares" not in text
+    assert "polarity rule: quantity; category\n  weights: magnitude 1, polarity 3, unit 1)" in text
 
 
 def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
