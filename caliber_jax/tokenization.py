@@ -8,6 +8,7 @@ the code only sees a HF directory. Like Qwen3-Embedding's own tokenizer, it appe
 """
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -114,13 +115,25 @@ def format_query(query: str, task: str | None) -> str:
     return query if not task else f"Instruct: {task}\nQuery:{query}"
 
 
+# A fast tokenizer sets its truncation length on the shared Rust object before each call
+# (`set_truncation_and_padding`), so two threads tokenizing with different lengths (a loader's
+# query and passage fields) can encode under each other's limit. One call at a time.
+_TOKENIZE_LOCK = threading.Lock()
+
+
 def tokenize(
     tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, max_length: int
 ) -> list[list[int]]:
-    """Token ids with the tokenizer's special tokens, truncated to `max_length`, unpadded."""
-    out = tokenizer(
-        list(texts), add_special_tokens=True, truncation=True, max_length=max_length, padding=False
-    )
+    """Token ids with the tokenizer's special tokens, truncated to `max_length`, unpadded.
+    Thread-safe (see _TOKENIZE_LOCK)."""
+    with _TOKENIZE_LOCK:
+        out = tokenizer(
+            list(texts),
+            add_special_tokens=True,
+            truncation=True,
+            max_length=max_length,
+            padding=False,
+        )
     return out["input_ids"]
 
 

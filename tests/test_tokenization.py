@@ -63,3 +63,20 @@ def test_training_tokenize_fn_keeps_each_threads_length(minilm_dir, filing_passa
 
     with futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(hammer, [16, 128, 16, 128]))
+
+
+def test_tokenize_from_threads_keeps_each_calls_length(minilm_dir):
+    """Loaders tokenize query and passage fields in threads with different limits; the fast
+    tokenizer's truncation length is shared state, so each call must encode under its own."""
+    import concurrent.futures
+
+    tokenizer = tokenization.load_tokenizer(minilm_dir)
+    texts = ["Revenue increased 4% to $3.2 billion in fiscal 2019, driven by pricing. " * 8] * 16
+
+    def lengths(max_length: int) -> set[int]:
+        return {len(ids) for ids in tokenization.tokenize(tokenizer, texts, max_length=max_length)}
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        limits = [8, 64] * 200
+        found = list(pool.map(lengths, limits))
+    assert all(got == {limit} for got, limit in zip(found, limits, strict=True))
