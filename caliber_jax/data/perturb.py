@@ -271,17 +271,16 @@ def _is_quantity(text: str, start: int, end: int) -> bool:
     )
 
 
-def _governs(text: str, start: int, end: int, spans: Sequence[tuple[int, int]]) -> bool:
-    """True when the word `text[start:end]` is close to an amount of `spans` in the "quantity"
-    scope's sense: at most QUANTITY_WORDS words and POLARITY_WINDOW characters between them, no
-    sentence break."""
-    for span_start, span_end in spans:
+def _governs(text: str, start: int, end: int, amounts: Sequence[tuple[int, int]]) -> bool:
+    """True when the word `text[start:end]` is close to one of `amounts` (quantity spans) in the
+    "quantity" scope's sense: at most QUANTITY_WORDS words and POLARITY_WINDOW characters between
+    them, no sentence break."""
+    for span_start, span_end in amounts:
         gap = text[end:span_start] if span_start >= end else text[span_end:start]
         if (
             len(gap) <= POLARITY_WINDOW
             and len(gap.split()) <= QUANTITY_WORDS
             and not _SENTENCE_BREAK_RE.search(gap)
-            and _is_quantity(text, span_start, span_end)
         ):
             return True
     return False
@@ -292,10 +291,14 @@ def _polarity_sites(
 ) -> list[Site]:
     if scope not in POLARITY_SCOPES:
         raise ValueError(f"unknown polarity scope {scope!r}; expected one of {POLARITY_SCOPES}")
-    near = _near_span if scope == "paper" else functools.partial(_governs, text)
+    if scope == "paper":
+        near, anchors = _near_span, spans
+    else:  # the amounts among the spans, found once for every direction word
+        near = functools.partial(_governs, text)
+        anchors = [(a, b) for a, b in spans if _is_quantity(text, a, b)]
     sites = []
     for match in _DIRECTION_RE.finditer(text):
-        if near(match.start(), match.end(), spans):
+        if near(match.start(), match.end(), anchors):
             opposite = DIRECTION_WORDS[match.group().lower()]
             sites.append([Edit(match.start(), match.end(), _match_case(match.group(), opposite))])
     for start, end in spans:
