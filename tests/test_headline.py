@@ -397,6 +397,61 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     assert [stage for stage, _ in calls] == ["teacher vectors", "teacher vectors late"]
 
 
+def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_path):
+    """`run_late(verify=True)` (`--preset headline-verify` runs it before its report): the same
+    stages at `:verify` size in the verify run's folder, the twin scored as well, every model on
+    the verify data's own NumGap test set."""
+    import argparse
+
+    import study_headline
+
+    out = tmp_path / "headline_verify"
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        calls.append((stage, argv))
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        target = {"caliber_jax.prepare": ("--config.data.dir", "stats.json"),
+                  "caliber_jax.train": ("--workdir", "summary.json"),
+                  "caliber_jax.export": ("--output", "modules.json")}  # fmt: skip
+        for module, (key, name) in target.items():
+            if module in argv:
+                Path(flag[key]).mkdir(parents=True, exist_ok=True)
+                (Path(flag[key]) / name).write_text("{}")
+        if "caliber_jax.evaluate" in argv:
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps({"label": flag["--label"]}))
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_late(args, fake_run, verify=True)
+    argv = dict(calls)
+    assert [stage for stage, _ in calls] == [
+        "prepare", "teacher vectors", "prepare late", "teacher vectors late",
+        "train Distill lp verify s0", "export Distill lp verify s0",
+        "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
+        "evaluate Late lp verify s0",
+    ]  # fmt: skip
+    assert any(a.endswith("configs/headline.py:verify") for a in argv["prepare"])
+    assert any(a.endswith(":distill,verify") for a in argv["train Distill lp verify s0"])
+    assert any(a.endswith(":late,verify") for a in argv["train Late lp verify s0"])
+    start = out / "Distill_lp_verify_s0" / "hf"
+    assert f"--config.model.init_dir={start}" in argv["train Late lp verify s0"]
+    for label in ("Distill lp verify s0", "Late lp verify s0"):
+        assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
+
+
+def test_verify_late_keeps_the_long_runs_ratio_of_late_to_distillation_steps():
+    from configs import headline
+
+    steps = {v: headline.get_config(v) for v in ("distill,verify", "late,verify", "distill",
+                                                 "late")}  # fmt: skip
+    count = {v: round(c.num_epochs * c.prepare.max_passages / c.batch_size) if
+             c.prepare.max_passages else round(c.num_epochs * 20000 / c.batch_size)
+             for v, c in steps.items()}  # fmt: skip
+    assert count == {"distill,verify": 300, "late,verify": 60, "distill": 2000, "late": 400}
+
+
 def test_late_variant_is_the_quantity_recipe_with_polarity_weighted_for_400_steps():
     from configs import headline
 
