@@ -191,6 +191,17 @@ def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path 
     return workdir
 
 
+def exported(stage_fn: Callable[[str, list[str]], None], label: str, workdir: Path,
+             output: Path | None = None, *extra: str) -> Path:  # fmt: skip
+    """`workdir`'s export (`output`, default workdir/hf) with `extra` export flags, made by
+    `caliber_jax.export` unless it exists; returns its directory."""
+    hf = output or workdir / "hf"
+    if not (hf / "modules.json").is_file():
+        stage_fn(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                     f"--output={hf}", *extra])  # fmt: skip
+    return hf
+
+
 def run_pilots(args, run: RunFn) -> None:
     """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
     first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
@@ -217,9 +228,7 @@ def run_pilots(args, run: RunFn) -> None:
             exports.append(("Initial lp long s0", pilots / "Initial_lp_long_s0" / "hf",
                             ["--interpolate=0"]))  # fmt: skip
         for name, hf, extra in exports:
-            if not (hf / "modules.json").is_file():
-                run(f"export {name}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                       f"--output={hf}", *extra], times)  # fmt: skip
+            exported(lambda stage, argv: run(stage, argv, times), name, workdir, hf, *extra)
             path = pilots / "results" / evaluate.slug(name) / "financebench+numgap.json"
             if not path.is_file():
                 run(f"evaluate {name}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
@@ -283,20 +292,13 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     for seed in seeds:
         label = student_label(seed, verify=verify)
         workdir = trained(timed, out, record, common, label=label, seed=seed)
-        hf = workdir / "hf"
-        if not (hf / "modules.json").is_file():
-            timed(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                      f"--output={hf}"])  # fmt: skip
-        evaluate_model(label, hf)
+        evaluate_model(label, exported(timed, label, workdir))
         if verify and seed == seeds[0]:
             # The fitted start (MiniLM + least-squares W_out), as the first run began.
             start_label = f"Initial lp verify s{seed}"
             start_dir = out / evaluate.slug(start_label) / "hf"
-            if not (start_dir / "modules.json").is_file():
-                timed(f"export {start_label}", ["-m", "caliber_jax.export",
-                                                f"--workdir={workdir}", f"--output={start_dir}",
-                                                "--interpolate=0"])  # fmt: skip
-            evaluate_model(start_label, start_dir)
+            evaluate_model(start_label, exported(timed, start_label, workdir, start_dir,
+                                                 "--interpolate=0"))  # fmt: skip
 
     results = {}
     if not verify:
@@ -459,13 +461,6 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     def stage(name: str, argv: list[str]) -> None:
         run(name, argv, times)
 
-    def exported(label: str, workdir: Path) -> Path:
-        hf = workdir / "hf"
-        if not (hf / "modules.json").is_file():
-            stage(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                      f"--output={hf}"])  # fmt: skip
-        return hf
-
     def scored(label: str, hf: Path) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         if not path.is_file():
@@ -478,12 +473,12 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
         twin = distill_label(seed, verify=verify)
         distill = trained(stage, out, record, stage_args(args, data, f":distill{size}"),
                           label=twin, seed=seed)  # fmt: skip
-        start = exported(twin, distill)
+        start = exported(stage, twin, distill)
         if verify:
             scored(twin, start)
         label = late_label(seed, verify=verify)
         workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
                           label=label, seed=seed)  # fmt: skip
-        scored(label, exported(label, workdir))
+        scored(label, exported(stage, label, workdir))
     for stage_name, seconds in times.items():
         print(f"late: {stage_name}: {seconds:.0f} s")

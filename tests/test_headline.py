@@ -441,6 +441,62 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
         assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
 
 
+def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_path, monkeypatch):
+    """`--preset headline-verify` end to end with each stage replaced by what it writes: the
+    twin and late, then the teacher, the headline student and the fitted start (exported at
+    interpolate 0), every one scored on the verify test set and in the one report."""
+    import argparse
+
+    import fetch_mpnet
+    import study_headline
+
+    out = tmp_path / "headline_verify"
+    monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
+    monkeypatch.setattr(study_headline.numgap, "load_numgap", lambda path: [])
+    stages: list[str] = []
+
+    def fake_run(stage: str, argv: list[str], times: dict) -> None:
+        stages.append(stage)
+        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if "caliber_jax.prepare" in argv:
+            Path(flag["--config.data.dir"]).mkdir(parents=True, exist_ok=True)
+            (Path(flag["--config.data.dir"]) / "stats.json").write_text("{}")
+        elif "caliber_jax.train" in argv:
+            workdir = Path(flag["--workdir"])
+            workdir.mkdir(parents=True)
+            (workdir / "config.json").write_text(headline.get_config("verify").to_json())
+            (workdir / "summary.json").write_text(json.dumps({"step": 300}))
+        elif "caliber_jax.export" in argv:
+            hf = Path(flag["--output"])
+            hf.mkdir(parents=True)
+            (hf / "modules.json").write_text("[]")
+            (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+            assert ("--interpolate=0" in argv) == ("Initial" in stage)
+        elif "caliber_jax.evaluate" in argv:
+            assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv
+            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+                      "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 260}},
+                      "provenance": {"commit": "new1234", "restored": False}}  # fmt: skip
+            Path(flag["--output"]).parent.mkdir(parents=True)
+            Path(flag["--output"]).write_text(json.dumps(result))
+
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_late(args, fake_run, verify=True)
+    study_headline.run_headline(args, fake_run, verify=True)
+    assert [s for s in stages if s.startswith(("train", "export", "evaluate"))] == [
+        "train Distill lp verify s0", "export Distill lp verify s0",
+        "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
+        "evaluate Late lp verify s0", "evaluate Teacher", "train Headline lp verify s0",
+        "export Headline lp verify s0", "evaluate Headline lp verify s0",
+        "export Initial lp verify s0", "evaluate Initial lp verify s0",
+    ]  # fmt: skip
+    report = (out / "study.md").read_text()
+    for label in ("Teacher", "Initial lp verify s0", "Distill lp verify s0",
+                  "Late lp verify s0", "Headline lp verify s0"):  # fmt: skip
+        assert f"| {label} |" in report, label
+
+
 def test_verify_late_keeps_the_long_runs_ratio_of_late_to_distillation_steps():
     from configs import headline
 
