@@ -222,6 +222,10 @@ def train_launch(args, work: Path, name: str, limit: float) -> dict:
     # rc -9: stopped here after its steps (its own end would save a checkpoint, not timed).
     result: dict = {"steps_seen": float(len(seen)), "rc": proc.returncode,
                     "cache_files_added": float(_files(cache) - cached)}  # fmt: skip
+    # train.py's own split of the time to its first step (weights, data, state, first step).
+    startup = re.search(r"first step done .*", (work / f"{name}.log").read_text())
+    if startup:
+        result["startup"] = startup.group(0)
     if first is None:
         tail = (work / f"{name}.log").read_text().strip().splitlines()[-5:]
         return {**result, "error": "no step logged", "log_tail": tail}
@@ -336,7 +340,7 @@ def main(argv=None) -> None:
         report["parts"][name] = result
         write_atomic(out, report)
         shown = {k: v for k, v in result.items() if k in REQUIRED[name] or k in (
-            "rc", "wall_s", "missing", "skipped", "error", "device_kind")}  # fmt: skip
+            "rc", "wall_s", "missing", "skipped", "error", "device_kind", "startup")}  # fmt: skip
         print(f"{name}: {json.dumps(shown, default=str)}", flush=True)
     print(f"wrote {out} ({time.perf_counter() - clock:.0f} s)")
 

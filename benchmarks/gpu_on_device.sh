@@ -54,6 +54,9 @@ if [[ -z "${CALIBER_DEVICE_REHEARSAL:-}" ]]; then
   "$PYTHON" -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__)"
 fi
 # PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode.
-exec "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
+"$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
   --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" \
   ${PARTS:+--parts "$PARTS"}
+rc=$?
+cp "$WORK"/*.log "$OUT"/ 2>/dev/null  # the train launches' logs come back with the JSON
+exit $rc

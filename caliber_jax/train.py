@@ -8,6 +8,7 @@ TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -417,7 +418,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
     path = choose_path(config)  # first: a refused combination fails before any work
+    marks = [("began", time.perf_counter())]  # where launch-to-first-step goes (startup_line)
     spec, flat = init_params(config)
+    marks.append(("weights", time.perf_counter()))
     dim = spec.out_dim or spec.config.width
     tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
     tokenize_fn = TokenizeFn(tokenizer_dir)
@@ -431,6 +434,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     if jax.process_index() == 0:
         print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
     flat = start_w_out(config, spec, flat, workdir, train_source)
+    marks.append(("inputs and W_out", time.perf_counter()))
     steps = total_steps(config, len(train_source))  # micro-batches
     # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
     accum = config.optim.accum_steps
@@ -454,6 +458,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         config, spec, flat, mesh=mesh, optimizer=optimizer, scan_layers=path.scan_layers
     )
     del flat
+    marks.append(("model state", time.perf_counter()))
     state_shardings = jax.tree.map(lambda a: a.sharding, abstract)
     loss_args = dict(
         reduction=config.loss.reduction,
@@ -491,6 +496,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         lengths=lengths,
     )  # fmt: skip
     data_iter = iter(loader)
+    marks.append(("token lengths and loader", time.perf_counter()))
     manager = checkpoint.make_manager(
         workdir / "checkpoints",
         max_to_keep=config.keep_checkpoints,
@@ -505,6 +511,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     else:
         state, start = init_fn(sharding.put_sharded(params, state_shardings.params)), 0
     del params
+    marks.append(("train state", time.perf_counter()))
 
     val_factory = None
     if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
@@ -540,7 +547,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     try:
         summary = _loop(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-            val_factory, sigterm, stall,
+            val_factory, sigterm, stall, marks,
         )  # fmt: skip
     finally:
         stall.close()
@@ -552,8 +559,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
 
 def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
-          val_factory, sigterm, stall) -> dict[str, float]:  # fmt: skip
-    """The linear train loop: step, log, validate, checkpoint."""
+          val_factory, sigterm, stall, marks) -> dict[str, float]:  # fmt: skip
+    """The linear train loop: step, log, validate, checkpoint; `marks` (name, perf_counter) of
+    the setup phases, printed with the first step's end (`startup_line`)."""
     last: dict[str, float] = {}
     window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
     shapes: set[tuple] = set()  # distinct batch shapes = distinct train-step programs
@@ -569,6 +577,11 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
             batch = next(data_iter)
             shapes.add(tuple((key, value.shape) for key, value in sorted(batch.items())))
             state, metrics = train_fn(state, batch)
+            if step_num == start + 1 and jax.process_index() == 0:
+                jax.block_until_ready(metrics)
+                marks.append(("first step", time.perf_counter()))
+                compiling = cli.COMPILE_STATS.snapshot()["compile_seconds"]
+                print(f"[caliber_jax] {startup_line(marks, compiling)}", file=sys.stderr)
             window_rows += int(np.sum(batch["weight"])) * jax.process_count()
             window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps
@@ -607,6 +620,17 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
+
+
+def startup_line(marks: list[tuple[str, float]], compile_seconds: float) -> str:
+    """One line on where the time from `train()` to the first step's end went: `marks` are
+    (phase, perf_counter at its end) after ("began", t0); the first step's share includes XLA's
+    `compile_seconds` (compiling or loading programs from the persistent cache, so far)."""
+    total = marks[-1][1] - marks[0][1]
+    phases = ", ".join(f"{name} {end - begin:.1f} s"
+                       for (_, begin), (name, end) in itertools.pairwise(marks))  # fmt: skip
+    return (f"first step done {total:.1f} s after train() began: {phases} "
+            f"(XLA compiling or loading so far: {compile_seconds:.1f} s)")  # fmt: skip
 
 
 def compile_summary(step_programs: int, *, ahead: int = 0) -> dict[str, float]:

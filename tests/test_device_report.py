@@ -70,4 +70,5 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     # add the few the cold one had not built yet when it was stopped).
     parts = report["parts"]
     assert 0 <= parts["train_warm"]["cache_files_added"] < parts["train_cold"]["cache_files_added"]
+    assert "after train() began: weights" in parts["train_cold"]["startup"]
     assert parts["student_xla"]["ratio_jax_over_torch"] > 0

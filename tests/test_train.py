@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,6 +292,32 @@ def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
     assert two["compile/step_programs"] == one["compile/step_programs"]
     # The train log states it too.
     assert "0 compiled," in second.stdout and "train-step shapes" in second.stdout
+    # ...and where the time to the first step went: the phases add up to the total.
+    for run in (first, second):
+        line = re.search(
+            r"first step done ([\d.]+) s after train\(\) began: (.*) \(XLA", run.stderr
+        )
+        assert line, run.stderr[-2000:]
+        phases = dict(part.rsplit(" ", 2)[:2] for part in line.group(2).split(", "))
+        assert list(phases) == [
+            "weights",
+            "inputs and W_out",
+            "model state",
+            "token lengths and loader",
+            "train state",
+            "first step",
+        ]
+        assert abs(sum(map(float, phases.values())) - float(line.group(1))) < 0.1
+
+
+def test_startup_line_splits_the_time_to_the_first_step():
+    from caliber_jax.train import startup_line
+
+    marks = [("began", 10.0), ("weights", 12.5), ("model state", 13.0), ("first step", 40.25)]
+    assert startup_line(marks, 21.0) == (
+        "first step done 30.2 s after train() began: weights 2.5 s, model state 0.5 s, "
+        "first step 27.2 s (XLA compiling or loading so far: 21.0 s)"
+    )
 
 
 def test_input_errors_are_one_line(data_dir, tmp_path):
