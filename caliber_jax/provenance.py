@@ -25,7 +25,8 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit(repo: str | os.PathLike = _REPO) -> str:
-    """The checkout's HEAD commit (short), '+dirty' when tracked files differ from it; UNKNOWN
+    """The checkout's HEAD commit (short), '+dirty' when tracked files outside docs/ differ from
+    it (a study writing its records into docs/ does not change the code that made them); UNKNOWN
     outside a git checkout (an installed wheel)."""
     git = dict(cwd=repo, check=True, capture_output=True, text=True)
     try:
@@ -35,7 +36,8 @@ def git_commit(repo: str | os.PathLike = _REPO) -> str:
         if Path(top).resolve() != Path(repo).resolve():
             return UNKNOWN
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **git).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], **git).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", ".",
+                                ":(exclude)docs"], **git).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return UNKNOWN
     return head + ("+dirty" if dirty else "")

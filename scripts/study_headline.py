@@ -169,12 +169,27 @@ def eval_args(args, numgap_path: Path) -> list[str]:
             f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
 
 
-def prepared(args, run: RunFn, data: Path, variant: str = "") -> None:
-    """The headline's prepared data and its teacher vectors (each stage skips what is done)."""
+def prepared(args, run: RunFn, data: Path, variant: str = "", times: dict | None = None) -> None:
+    """The headline's prepared data and its teacher vectors (each stage skips what is done);
+    `times` gathers their seconds."""
+    times = {} if times is None else times
     if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data, variant)], {})
+        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data, variant)], times)
     run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data, variant)],
-        {})  # fmt: skip
+        times)  # fmt: skip
+
+
+def add_times(state_path: Path, times: dict[str, float]) -> None:
+    """Adds `times` (stage -> seconds) to the "times" of a study's state file, which the
+    report's wall-clock table reads (atomic write)."""
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    total = state.setdefault("times", {})
+    for stage, seconds in times.items():
+        total[stage] = round(total.get(stage, 0.0) + seconds, 1)
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_path.with_name(state_path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(state_path)
 
 
 def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path | None,
@@ -448,15 +463,15 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     data, late_data = out / "data", out / "data_late"
     record = record_dir(args, name)
     seeds = [int(s) for s in args.seeds.split(",")]
-    prepared(args, run, data, size.replace(",", ":"))
+    times: dict[str, float] = {}
+    prepared(args, run, data, size.replace(",", ":"), times)
     late_args = stage_args(args, late_data, f":late{size}")
     if not (late_data / "stats.json").is_file():
-        run("prepare late", ["-m", "caliber_jax.prepare", *late_args], {})
+        run("prepare late", ["-m", "caliber_jax.prepare", *late_args], times)
     run("teacher vectors late", ["-m", "caliber_jax.embed_teacher", *late_args,
-                                 f"--reuse_from={data}"], {})  # fmt: skip
+                                 f"--reuse_from={data}"], times)  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
-    times: dict[str, float] = {}
 
     def stage(name: str, argv: list[str]) -> None:
         run(name, argv, times)
@@ -482,3 +497,4 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
         scored(label, exported(stage, label, workdir))
     for stage_name, seconds in times.items():
         print(f"late: {stage_name}: {seconds:.0f} s")
+    add_times(out / "study.json", times)  # the report's wall-clock table (`run_headline`)

@@ -70,6 +70,24 @@ def test_git_commit_is_head_of_this_checkout():
     assert provenance.git_commit().split("+")[0] == head
 
 
+def test_git_commit_is_dirty_for_code_not_for_records(tmp_path):
+    """A study writes its records into docs/ of the checkout it runs from: that leaves the code
+    clean; an edit to a tracked code file marks the commit '+dirty'."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "r.json").write_text("{}")
+    (tmp_path / "m.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = provenance.git_commit(tmp_path)
+    assert len(head) == 12 and "+" not in head
+    (tmp_path / "docs" / "r.json").write_text('{"a": 1}')
+    assert provenance.git_commit(tmp_path) == head
+    (tmp_path / "m.py").write_text("x = 2\n")
+    assert provenance.git_commit(tmp_path) == head + "+dirty"
+
+
 def test_every_record_under_docs_carries_provenance(tmp_path):
     """Each recorded result (studies and sweep) has the five fields; the records made before
     them say so, restore, and are marked 'provenance unknown' with the commit that recorded
