@@ -454,9 +454,9 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     quantity-scope, polarity-weighted data, prepared beside the headline's with its teacher
     vectors reused), exported and scored like the headline students (FinanceBench + the recorded
     NumGap test set) into the headline's results, so `--preset headline` reports it.
-    `verify`: the same at the verification size (`:verify`: 300 distillation steps, then 60 of
-    the numeric recipe, the long run's 5:1), in the verify run's folder and on its own test set,
-    twin scored too; `--preset headline-verify` runs it before its report."""
+    `verify`: the same at the verification size (`:verify`: 300 distillation steps, then 150 of
+    the numeric recipe, chosen on the verify dev set), in the verify run's folder and on its own
+    test set, twin scored too; `--preset headline-verify` runs it before its report."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()

@@ -503,7 +503,7 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
     assert "| teacher vectors | 3 |" in report
 
 
-def test_verify_late_keeps_the_long_runs_ratio_of_late_to_distillation_steps():
+def test_verify_and_long_step_counts_of_the_twin_and_late():
     from configs import headline
 
     steps = {v: headline.get_config(v) for v in ("distill,verify", "late,verify", "distill",
@@ -511,7 +511,7 @@ def test_verify_late_keeps_the_long_runs_ratio_of_late_to_distillation_steps():
     count = {v: round(c.num_epochs * c.prepare.max_passages / c.batch_size) if
              c.prepare.max_passages else round(c.num_epochs * 20000 / c.batch_size)
              for v, c in steps.items()}  # fmt: skip
-    assert count == {"distill,verify": 300, "late,verify": 60, "distill": 2000, "late": 400}
+    assert count == {"distill,verify": 300, "late,verify": 150, "distill": 2000, "late": 400}
 
 
 def test_late_variant_is_the_quantity_recipe_with_polarity_weighted_for_400_steps():
