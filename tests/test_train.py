@@ -307,7 +307,8 @@ def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
             "train state",
             "first step",
         ]
-        assert abs(sum(map(float, phases.values())) - float(line.group(1))) < 0.1
+        # Each figure is rounded to 0.1 s: the sum may be off by 0.05 per phase.
+        assert abs(sum(map(float, phases.values())) - float(line.group(1))) <= 0.05 * 6 + 1e-9
 
 
 def test_startup_line_splits_the_time_to_the_first_step():
