@@ -35,6 +35,8 @@ of the paper's rule are cross-references such as "as indicated above").
 Variant `late`: separate late. The numeric recipe for 400 steps, started from the distilled
 twin's final weights (`variant distill`, 2,000 steps), on the quantity-scope data with polarity
 drawn 3x where it fires (`prepare.category_weights`); `--preset headline-late` runs both phases.
+Variant `late800`: `late` for 800 steps (session 23's pilot, chosen on both dev sets);
+`--preset headline-late800` runs it from the same twins, labelled "Late800".
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).
@@ -47,7 +49,7 @@ from configs import study_mpnet
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
-    known = {"verify", "query", "distill", "quantity", "late"}
+    known = {"verify", "query", "distill", "quantity", "late", "late800"}
     unknown = variants - known
     if unknown:
         raise ValueError(
@@ -81,6 +83,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.perturb_weight = 1.0
         config.loss.structure_weight = 0.0
         config.loss.query_weight = 0.0
+    if "late800" in variants:  # session 23's dev choice over 400 steps (docs/results.md)
+        variants.add("late")
     if "late" in variants:
         # Separate late (session 22 pilots, docs/results.md): the numeric recipe for 400 steps
         # from the distilled twin's final weights (`--preset headline-late` passes
@@ -89,6 +93,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         variants.add("quantity")
         config.prepare.category_weights.polarity = 3.0
         config.num_epochs = 0.64  # 400 steps of 32 over the 20,000 passages
+        if "late800" in variants:
+            # 800 steps: dev D 0.360 / 0.512 (paper / quantity dev) against 0.296 / 0.360 at
+            # 400, val/align_x 0.555 against 0.549; the down-scale unit swaps separate on dev.
+            config.num_epochs = 1.28
     if "quantity" in variants:
         # Direction words swapped only where they govern an amount (perturb.POLARITY_SCOPES),
         # in training, validation and NumGap alike; the same passages and order otherwise.

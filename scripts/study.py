@@ -45,6 +45,7 @@ PRESETS = {
     "headline-pilot": {"config": "configs/headline.py", "overrides": []},
     "headline-soup": {"config": "configs/headline.py", "overrides": []},
     "headline-late": {"config": "configs/headline.py", "overrides": []},
+    "headline-late800": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -161,8 +162,8 @@ def main() -> None:
         if args.preset == "headline-soup":
             study_headline.run_soup(args, run)
             return
-        if args.preset == "headline-late":
-            study_headline.run_late(args, run)
+        if args.preset in ("headline-late", "headline-late800"):
+            study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))
             return
         verify = args.preset == "headline-verify"
         if verify:  # the chosen recipe (separate late) at the same size, then the one report

@@ -94,10 +94,11 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
     return reaching[0] if reaching else None
 
 
-def late_label(seed: int, *, verify: bool = False) -> str:
+def late_label(seed: int, *, verify: bool = False, variant: str = "late") -> str:
     """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
-    ("Late lp verify s0" at the verification size)."""
-    return f"Late lp {'verify' if verify else 'long'} s{seed}"
+    ("Late lp verify s0" at the verification size; "Late800 lp long s0" for `variant`
+    "late800")."""
+    return f"{variant.capitalize()} lp {'verify' if verify else 'long'} s{seed}"
 
 
 def distill_label(seed: int, *, verify: bool = False) -> str:
@@ -348,9 +349,9 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
         # The student, and its blend with the distilled twin where `headline-soup` made one; both
         # cards describe the numeric run's training (the blend's says what it was blended with).
         numeric = out / evaluate.slug(student_label(seed, verify=verify))
-        late = late_label(seed, verify=verify)
+        lates = [late_label(seed, verify=verify, variant=v) for v in ("late", "late800")]
         cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
-                 (late, out / evaluate.slug(late))]  # fmt: skip
+                 *((late, out / evaluate.slug(late)) for late in lates)]  # fmt: skip
         for label, workdir in cards:
             hf = out / evaluate.slug(label) / "hf"
             if label in results and hf.is_dir() and workdir.is_dir():
@@ -447,7 +448,7 @@ def run_soup(args, run: RunFn) -> None:
         scored(label, hf, path, test_common)
 
 
-def run_late(args, run: RunFn, *, verify: bool = False) -> None:
+def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -> None:
     """Separate late, per seed: the distilled twin (`configs/headline.py:distill`, 2,000 steps
     of LEAF on the headline data, the run `headline-soup` blends with), exported; then
     `configs/headline.py:late` from its weights (400 steps of the numeric recipe on the
@@ -456,7 +457,8 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     NumGap test set) into the headline's results, so `--preset headline` reports it.
     `verify`: the same at the verification size (`:verify`: 300 distillation steps, then 150 of
     the numeric recipe, chosen on the verify dev set), in the verify run's folder and on its own
-    test set, twin scored too; `--preset headline-verify` runs it before its report."""
+    test set, twin scored too; `--preset headline-verify` runs it before its report. `variant`:
+    the config variant of the late phase ("late800": 800 steps, same data and twins)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
@@ -465,7 +467,7 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
-    late_args = stage_args(args, late_data, f":late{size}")
+    late_args = stage_args(args, late_data, f":{variant}{size}")
     if not (late_data / "stats.json").is_file():
         run("prepare late", ["-m", "caliber_jax.prepare", *late_args], times)
     run("teacher vectors late", ["-m", "caliber_jax.embed_teacher", *late_args,
@@ -491,7 +493,7 @@ def run_late(args, run: RunFn, *, verify: bool = False) -> None:
         start = exported(stage, twin, distill)
         if verify:
             scored(twin, start)
-        label = late_label(seed, verify=verify)
+        label = late_label(seed, verify=verify, variant=variant)
         workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
                           label=label, seed=seed)  # fmt: skip
         scored(label, exported(stage, label, workdir))

@@ -514,6 +514,39 @@ def test_verify_and_long_step_counts_of_the_twin_and_late():
     assert count == {"distill,verify": 300, "late,verify": 150, "distill": 2000, "late": 400}
 
 
+def test_late800_is_late_for_800_steps_labelled_apart(tmp_path):
+    import argparse
+
+    import study_headline
+
+    from configs import headline
+
+    late, late800 = headline.get_config("late"), headline.get_config("late800")
+    assert round(late800.num_epochs * 20000 / late800.batch_size) == 800
+    late800.num_epochs = late.num_epochs
+    assert late800.to_dict() == late.to_dict()
+    assert study_headline.late_label(1, variant="late800") == "Late800 lp long s1"
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    (out / "data_late").mkdir()
+    (out / "data_late" / "stats.json").write_text("{}")
+    twin = out / "Distill_lp_long_s0"
+    (twin / "hf").mkdir(parents=True)
+    (twin / "summary.json").write_text("{}")
+    (twin / "hf" / "modules.json").write_text("[]")
+    calls: list[tuple[str, list[str]]] = []
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_late(args, lambda stage, argv, times: calls.append((stage, argv)),
+                            variant="late800")  # fmt: skip
+    stages = dict(calls)
+    assert "train Distill lp long s0" not in stages  # the same twins as `late`
+    assert any(a.endswith("configs/headline.py:late800")
+               for a in stages["train Late800 lp long s0"])  # fmt: skip
+    assert f"--config.data.dir={out / 'data_late'}" in stages["train Late800 lp long s0"]
+
+
 def test_late_variant_is_the_quantity_recipe_with_polarity_weighted_for_400_steps():
     from configs import headline
 
