@@ -13,6 +13,60 @@ import model_card  # noqa: E402
 from configs import headline, study_mpnet  # noqa: E402
 
 
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+class FakeStages:
+    """Stands in for `stages.run` in the orchestration tests: records each (stage, argv) and
+    writes what the stage's module would write (prepare: stats.json; train: config.json,
+    summary.json, metrics.jsonl; export: a sentence-transformers skeleton, plus
+    caliber_export.json for a blend; evaluate: the result `evaluate(flags)` returns, by default
+    the label alone). `seconds` is added to `times[stage]`, as the real runner times stages."""
+
+    def __init__(self, evaluate=None, config: str = "{}", summary: str = "{}", seconds=None):
+        self.calls: list[tuple[str, list[str]]] = []
+        self.evaluate = evaluate or (lambda flag: {"label": flag["--label"]})
+        self.config, self.summary, self.seconds = config, summary, seconds
+
+    @property
+    def stages(self) -> list[str]:
+        return [stage for stage, _ in self.calls]
+
+    def argv(self) -> dict[str, list[str]]:
+        return dict(self.calls)
+
+    def __call__(self, stage: str, argv: list[str], times: dict) -> None:
+        self.calls.append((stage, argv))
+        if self.seconds is not None:
+            times[stage] = times.get(stage, 0.0) + self.seconds
+        flag = _flags(argv)
+        if "caliber_jax.prepare" in argv:
+            _write(Path(flag["--config.data.dir"]), {"stats.json": "{}"})
+        elif "caliber_jax.train" in argv:
+            files = {"config.json": self.config, "summary.json": self.summary, "metrics.jsonl": ""}
+            _write(Path(flag["--workdir"]), files)
+        elif "caliber_jax.export" in argv:
+            files = {
+                "modules.json": "[]",
+                "sentence_bert_config.json": json.dumps({"max_seq_length": 128}),
+            }
+            if "--blend_with" in flag:
+                share, twin = float(flag["--interpolate"]), flag["--blend_with"]
+                blend = {"interpolate": share, "blend_with": twin}
+                files["caliber_export.json"] = json.dumps(blend)
+            _write(Path(flag["--output"]), files)
+        elif "caliber_jax.evaluate" in argv:
+            output = Path(flag["--output"])
+            _write(output.parent, {output.name: json.dumps(self.evaluate(flag))})
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
 def test_headline_is_the_long_study_plus_the_numeric_objective():
     config, long = headline.get_config(), study_mpnet.get_config("long")
     # Same student, start, passages, order and length as the LEAF/Caliber long runs.
@@ -141,42 +195,27 @@ def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
     ]  # fmt: skip
     corpus.save_jsonl(data / "numgap_dev.jsonl", records)
     ids = [numgap.record_id(i, r) for i, r in enumerate(records)]
-    calls: list[tuple[str, list[str]]] = []
 
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        calls.append((stage, argv))
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if "caliber_jax.train" in argv:
-            workdir = Path(flag["--workdir"])
-            workdir.mkdir(parents=True)
-            for name in ("summary.json", "config.json"):
-                (workdir / name).write_text("{}")
-            (workdir / "metrics.jsonl").write_text("")
-        elif "caliber_jax.export" in argv:
-            Path(flag["--output"]).mkdir(parents=True)
-            (Path(flag["--output"]) / "modules.json").write_text("[]")
-        elif "caliber_jax.evaluate" in argv:
-            assert flag["--numgap"] == str(data / "numgap_dev.jsonl")
-            hit = float(len(calls) % 2)
-            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.5},
-                      "numgap": {"overall": {"D": hit / 2, "M": 0.0}},
-                      "per_query": {"numgap": {"D": {ids[0]: hit, ids[1]: 0.0}}},
-                      "provenance": {"commit": "abc", "restored": False}}  # fmt: skip
-            Path(flag["--output"]).parent.mkdir(parents=True)
-            Path(flag["--output"]).write_text(json.dumps(result))
-        times[stage] = 1.0
+    def evaluate(flag: dict[str, str]) -> dict:
+        assert flag["--numgap"] == str(data / "numgap_dev.jsonl")
+        hit = float(len(fake.calls) % 2)
+        return {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.5},
+                "numgap": {"overall": {"D": hit / 2, "M": 0.0}},
+                "per_query": {"numgap": {"D": {ids[0]: hit, ids[1]: 0.0}}},
+                "provenance": {"commit": "abc", "restored": False}}  # fmt: skip
 
+    fake = FakeStages(evaluate, seconds=1.0)
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record=str(record),
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_pilots(args, fake_run)
-    trains = [argv for stage, argv in calls if stage.startswith("train ")]
-    assert [stage for stage, _ in calls if stage.startswith("train ")] == [
+    study_headline.run_pilots(args, fake)
+    trains = [argv for stage, argv in fake.calls if stage.startswith("train ")]
+    assert [stage for stage in fake.stages if stage.startswith("train ")] == [
         f"train {label}" for label in study_headline.PILOTS
     ]
     epochs = f"--config.num_epochs={study_headline.PILOT_STEPS / 625}"
     for argv, overrides in zip(trains, study_headline.PILOTS.values(), strict=True):
         assert epochs in argv and argv[len(argv) - len(overrides) :] == overrides
-    starts = [argv for stage, argv in calls if stage == "export Initial lp long s0"]
+    starts = [argv for stage, argv in fake.calls if stage == "export Initial lp long s0"]
     assert len(starts) == 1 and "--interpolate=0" in starts[0]
     report = (out / "pilots" / "pilots.md").read_text()
     assert "NumGap **dev** (2 records)" in report and "| unit | million->billion | 1 |" in report
@@ -185,9 +224,9 @@ def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
         slug = label.replace(" ", "_")
         assert (record / "pilots" / "results" / slug / "financebench+numgap.json").is_file()
     # A rerun finds every stage done (only the teacher-vector check runs again).
-    calls.clear()
-    study_headline.run_pilots(args, fake_run)
-    assert [stage for stage, _ in calls] == ["teacher vectors"]
+    fake.calls.clear()
+    study_headline.run_pilots(args, fake)
+    assert fake.stages == ["teacher vectors"]
 
 
 def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch, capsys):
@@ -206,24 +245,12 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
     monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
     label = study_headline.student_label(0, verify=False)
 
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if "caliber_jax.train" in argv:
-            workdir = Path(flag["--workdir"])
-            workdir.mkdir(parents=True)
-            (workdir / "config.json").write_text(headline.get_config().to_json_best_effort())
-            (workdir / "summary.json").write_text(json.dumps({"step": 2000}))
-        elif "caliber_jax.export" in argv:
-            hf = Path(flag["--output"])
-            hf.mkdir(parents=True)
-            (hf / "modules.json").write_text("[]")
-            (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
-        elif "caliber_jax.evaluate" in argv:
-            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+    fake_run = FakeStages(
+        lambda flag: {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
                       "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 500}},
-                      "provenance": {"commit": "new1234", "restored": False}}  # fmt: skip
-            Path(flag["--output"]).parent.mkdir(parents=True)
-            Path(flag["--output"]).write_text(json.dumps(result))
+                      "provenance": {"commit": "new1234", "restored": False}},
+        config=headline.get_config().to_json_best_effort(), summary=json.dumps({"step": 2000}),
+    )  # fmt: skip
 
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
@@ -285,36 +312,21 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
     }
     (out / "data" / "numgap_dev.jsonl").write_text(json.dumps(record) + "\n")
     record_id = numgap.record_id(0, record)
-    calls: list[tuple[str, list[str]]] = []
     dev_d = {0.0: 0.0, 0.25: 0.1, 0.5: 0.3, 0.75: 0.4, 1.0: 0.5}
 
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        calls.append((stage, argv))
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if "caliber_jax.train" in argv:
-            Path(flag["--workdir"]).mkdir(parents=True)
-            (Path(flag["--workdir"]) / "summary.json").write_text("{}")
-        elif "caliber_jax.export" in argv:
-            Path(flag["--output"]).mkdir(parents=True, exist_ok=True)
-            (Path(flag["--output"]) / "modules.json").write_text("[]")
-            record = {
-                "interpolate": float(flag["--interpolate"]),
-                "blend_with": flag["--blend_with"],
-            }
-            (Path(flag["--output"]) / "caliber_export.json").write_text(json.dumps(record))
-        elif "caliber_jax.evaluate" in argv:
-            share = next((a for a, _ in dev_d.items() if flag["--label"] == f"Soup a{a:g} s0"), 0)
-            d = dev_d.get(share, 0.0)
-            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
-                      "numgap": {"overall": {"D": d, "M": 0.0}},
-                      "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
-            Path(flag["--output"]).parent.mkdir(parents=True, exist_ok=True)
-            Path(flag["--output"]).write_text(json.dumps(result))
+    def evaluate(flag: dict[str, str]) -> dict:
+        share = next((a for a, _ in dev_d.items() if flag["--label"] == f"Soup a{a:g} s0"), 0)
+        d = dev_d.get(share, 0.0)
+        return {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+                "numgap": {"overall": {"D": d, "M": 0.0}},
+                "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
 
+    fake_run = FakeStages(evaluate)
+    calls = fake_run.calls
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
     study_headline.run_soup(args, fake_run)
-    stages = [stage for stage, _ in calls]
+    stages = fake_run.stages
     assert stages.count("train Headline lp long s0") == 1
     distill = dict(calls)["train Distill lp long s0"]
     assert any(a.endswith("configs/headline.py:distill") for a in distill)
@@ -358,24 +370,8 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     out = tmp_path / "headline"
     (out / "data").mkdir(parents=True)
     (out / "data" / "stats.json").write_text("{}")
-    calls: list[tuple[str, list[str]]] = []
-
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        calls.append((stage, argv))
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if "caliber_jax.prepare" in argv:
-            Path(flag["--config.data.dir"]).mkdir(parents=True)
-            (Path(flag["--config.data.dir"]) / "stats.json").write_text("{}")
-        elif "caliber_jax.train" in argv:
-            Path(flag["--workdir"]).mkdir(parents=True)
-            (Path(flag["--workdir"]) / "summary.json").write_text("{}")
-        elif "caliber_jax.export" in argv:
-            Path(flag["--output"]).mkdir(parents=True)
-            (Path(flag["--output"]) / "modules.json").write_text("[]")
-        elif "caliber_jax.evaluate" in argv:
-            Path(flag["--output"]).parent.mkdir(parents=True)
-            Path(flag["--output"]).write_text(json.dumps({"label": flag["--label"]}))
-
+    fake_run = FakeStages()
+    calls = fake_run.calls
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
     study_headline.run_late(args, fake_run)
@@ -406,22 +402,8 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
     import study_headline
 
     out = tmp_path / "headline_verify"
-    calls: list[tuple[str, list[str]]] = []
-
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        calls.append((stage, argv))
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        target = {"caliber_jax.prepare": ("--config.data.dir", "stats.json"),
-                  "caliber_jax.train": ("--workdir", "summary.json"),
-                  "caliber_jax.export": ("--output", "modules.json")}  # fmt: skip
-        for module, (key, name) in target.items():
-            if module in argv:
-                Path(flag[key]).mkdir(parents=True, exist_ok=True)
-                (Path(flag[key]) / name).write_text("{}")
-        if "caliber_jax.evaluate" in argv:
-            Path(flag["--output"]).parent.mkdir(parents=True)
-            Path(flag["--output"]).write_text(json.dumps({"label": flag["--label"]}))
-
+    fake_run = FakeStages()
+    calls = fake_run.calls
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
     study_headline.run_late(args, fake_run, verify=True)
@@ -453,39 +435,23 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
     out = tmp_path / "headline_verify"
     monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
     monkeypatch.setattr(study_headline.numgap, "load_numgap", lambda path: [])
-    stages: list[str] = []
-
-    def fake_run(stage: str, argv: list[str], times: dict) -> None:
-        stages.append(stage)
-        times[stage] = times.get(stage, 0.0) + 1.5
-        flag = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if "caliber_jax.prepare" in argv:
-            Path(flag["--config.data.dir"]).mkdir(parents=True, exist_ok=True)
-            (Path(flag["--config.data.dir"]) / "stats.json").write_text("{}")
-        elif "caliber_jax.train" in argv:
-            workdir = Path(flag["--workdir"])
-            workdir.mkdir(parents=True)
-            (workdir / "config.json").write_text(headline.get_config("verify").to_json())
-            (workdir / "summary.json").write_text(json.dumps({"step": 300}))
-        elif "caliber_jax.export" in argv:
-            hf = Path(flag["--output"])
-            hf.mkdir(parents=True)
-            (hf / "modules.json").write_text("[]")
-            (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
-            assert ("--interpolate=0" in argv) == ("Initial" in stage)
-        elif "caliber_jax.evaluate" in argv:
-            assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv
-            result = {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+    fake_run = FakeStages(
+        lambda flag: {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
                       "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 260}},
-                      "provenance": {"commit": "new1234", "restored": False}}  # fmt: skip
-            Path(flag["--output"]).parent.mkdir(parents=True)
-            Path(flag["--output"]).write_text(json.dumps(result))
-
+                      "provenance": {"commit": "new1234", "restored": False}},
+        config=headline.get_config("verify").to_json(), summary=json.dumps({"step": 300}),
+        seconds=1.5,
+    )  # fmt: skip
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
     study_headline.run_late(args, fake_run, verify=True)
     study_headline.run_headline(args, fake_run, verify=True)
-    assert [s for s in stages if s.startswith(("train", "export", "evaluate"))] == [
+    for stage, argv in fake_run.calls:
+        if "caliber_jax.export" in argv:
+            assert ("--interpolate=0" in argv) == ("Initial" in stage), stage
+        if "caliber_jax.evaluate" in argv:
+            assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv, stage
+    assert [s for s in fake_run.stages if s.startswith(("train", "export", "evaluate"))] == [
         "train Distill lp verify s0", "export Distill lp verify s0",
         "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
         "evaluate Late lp verify s0", "evaluate Teacher", "train Headline lp verify s0",
