@@ -31,6 +31,11 @@ import numpy as np  # noqa: E402
 from caliber_jax.data import corpus, perturb, teacher  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 
+# The two rows that split polarity by scope: a flipped direction word that governs an amount
+# ("rose 5%", "less than 6.0%": `perturb`'s "quantity" scope) or one the paper's rule alone admits
+# (any number within 50 characters: "a More Focused Company", "Less: Promotional allowances").
+AMOUNT, NO_AMOUNT = "- governs an amount", "- no amount (paper rule only)"
+
 
 def record_rules(records: list[dict]) -> list[tuple[str, str]]:
     """(category, rule) of each NumGap record."""
@@ -38,6 +43,13 @@ def record_rules(records: list[dict]) -> list[tuple[str, str]]:
         (r["category"], perturb.edit_rule(r["anchor"], r["perturbed"], r["category"]))
         for r in records
     ]
+
+
+def polarity_scope(text: str, perturbed: str) -> str:
+    """AMOUNT when the quantity scope admits the edit `text` -> `perturbed` (a sign flip
+    included), else NO_AMOUNT."""
+    edits = perturb.candidate_edits(text, "polarity", polarity_scope="quantity")
+    return AMOUNT if any(p == perturbed for _, p in edits) else NO_AMOUNT
 
 
 def train_rules(path: Path) -> Counter:
@@ -48,6 +60,8 @@ def train_rules(path: Path) -> Counter:
             category = record["category"]
             rule = perturb.edit_rule(record["text"], record["perturbed"], category)
             counts[(category, rule)] += 1
+            if category == "polarity":
+                counts[(category, polarity_scope(record["text"], record["perturbed"]))] += 1
     return counts
 
 
@@ -108,7 +122,10 @@ def per_rule(records: list[dict], results: dict[str, dict]) -> dict[tuple[str, s
     for index, (category, rule) in enumerate(rules):
         groups.setdefault((category, "all"), []).append(index)
         groups.setdefault((category, rule), []).append(index)
-    for key in sorted(groups, key=lambda k: (k[0] == "overall", k[0], k[1] != "all", k[1])):
+        if category == "polarity":
+            scope = polarity_scope(records[index]["anchor"], records[index]["perturbed"])
+            groups.setdefault((category, scope), []).append(index)
+    for key in sorted(groups, key=_row_order):
         table[key] = {"n": len(groups[key])}
     for label, loaded in results.items():
         hits = loaded.get(PER_QUERY, {}).get("numgap", {}).get("D")
@@ -119,6 +136,14 @@ def per_rule(records: list[dict], results: dict[str, dict]) -> dict[tuple[str, s
     return table
 
 
+def _row_order(key: tuple[str, str]) -> tuple:
+    """Categories in name order, the overall row last; in each, "all", the scope rows, then the
+    rules by name."""
+    category, rule = key
+    return (category == "overall", category, 0 if rule == "all" else 1 if rule in (
+        AMOUNT, NO_AMOUNT) else 2, rule)  # fmt: skip
+
+
 def markdown(table: dict, labels: list[str], train: Counter | None = None) -> str:
     head = ["category", "rule", "n", *(["train pairs"] if train is not None else []), *labels]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -126,7 +151,9 @@ def markdown(table: dict, labels: list[str], train: Counter | None = None) -> st
         cells = [category, rule, str(row["n"])]
         if train is not None:
             if rule == "all":
-                count = sum(n for (c, _), n in train.items() if category in ("overall", c))
+                scopes = (AMOUNT, NO_AMOUNT)
+                count = sum(n for (c, r), n in train.items()
+                            if category in ("overall", c) and r not in scopes)  # fmt: skip
             else:
                 count = train.get((category, rule), 0)
             cells.append(str(count))

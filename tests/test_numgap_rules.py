@@ -18,6 +18,12 @@ RECORDS = [
     {"category": "unit", "anchor": "$5 million in 2019", "perturbed": "$5 billion in 2019"},
     {"category": "unit", "anchor": "$7 million in 2019", "perturbed": "$7 billion in 2019"},
     {"category": "polarity", "anchor": "sales rose 5%", "perturbed": "sales fell 5%"},
+    # A direction word only the paper's rule admits: a name near a year, no amount.
+    {
+        "category": "polarity",
+        "anchor": "a More Focused Company in 2019",
+        "perturbed": "a Less Focused Company in 2019",
+    },
 ]
 for index, record in enumerate(RECORDS):
     record["distractor"] = f"another passage {index}"
@@ -29,17 +35,31 @@ def results(hits):
 
 
 def test_per_rule_hand_values():
-    table = numgap_rules.per_rule(RECORDS, {"A": results([1, 0, 1, 0]), "B": results([0, 1, 1, 1])})
+    table = numgap_rules.per_rule(
+        RECORDS, {"A": results([1, 0, 1, 0, 1]), "B": results([0, 1, 1, 1, 0])}
+    )
     assert table[("unit", "%->bps")] == {"n": 1, "A": 1.0, "B": 0.0}
     assert table[("unit", "million->billion")] == {"n": 2, "A": 0.5, "B": 1.0}
     assert table[("unit", "all")] == {"n": 3, "A": 2 / 3, "B": 2 / 3}
     assert table[("polarity", "rose/fell")] == {"n": 1, "A": 0.0, "B": 1.0}
-    assert table[("overall", "all")] == {"n": 4, "A": 0.5, "B": 0.75}
+    assert table[("polarity", "more/less")] == {"n": 1, "A": 1.0, "B": 0.0}
+    # Polarity split by scope: "rose 5%" governs an amount, "More Focused Company" does not.
+    assert table[("polarity", numgap_rules.AMOUNT)] == {"n": 1, "A": 0.0, "B": 1.0}
+    assert table[("polarity", numgap_rules.NO_AMOUNT)] == {"n": 1, "A": 1.0, "B": 0.0}
+    assert table[("polarity", "all")] == {"n": 2, "A": 0.5, "B": 0.5}
+    assert table[("overall", "all")] == {"n": 5, "A": 0.6, "B": 0.6}
     assert list(table)[-1] == ("overall", "all")  # categories first, the overall row last
-    text = numgap_rules.markdown(table, ["A", "B"], Counter({("unit", "%->bps"): 7}))
+    polarity = [rule for category, rule in table if category == "polarity"]
+    assert polarity == ["all", numgap_rules.AMOUNT, numgap_rules.NO_AMOUNT, "more/less",
+                        "rose/fell"]  # fmt: skip
+    train = Counter({("unit", "%->bps"): 7, ("polarity", "rose/fell"): 3,
+                     ("polarity", numgap_rules.AMOUNT): 3})  # fmt: skip
+    text = numgap_rules.markdown(table, ["A", "B"], train)
     assert "| unit | %->bps | 1 | 7 | 1.0000 | 0.0000 |" in text
+    assert "| polarity | all | 2 | 3 |" in text  # the scope rows are not counted twice
+    assert "| overall | all | 5 | 10 |" in text
     # Outcomes of other records (or none) are refused rather than mismatched.
-    other = results([1, 0, 1, 0])
+    other = results([1, 0, 1, 0, 1])
     other[PER_QUERY]["numgap"]["D"] = {"0:deadbeef": 1}
     with pytest.raises(ValueError, match="C: no per-record NumGap outcomes"):
         numgap_rules.per_rule(RECORDS, {"C": other})
@@ -73,3 +93,18 @@ def test_teacher_distances_hand_values(tmp_path):
     assert table[("unit", "all")]["n"] == 1 and ("None", "all") not in table
     text = numgap_rules.distances_markdown(table)
     assert "| unit | million->billion | 1 | 0.2929 | 1.0000 |" in text
+
+
+def test_train_rules_count_polarity_scope_beside_the_rule(tmp_path):
+    from caliber_jax.data import corpus
+
+    rows = [{"text": r["anchor"], "perturbed": r["perturbed"], "category": r["category"]}
+            for r in RECORDS]  # fmt: skip
+    rows.append({"text": "no numbers", "perturbed": None, "category": None})
+    corpus.save_jsonl(tmp_path / "train.jsonl", rows)
+    counts = numgap_rules.train_rules(tmp_path / "train.jsonl")
+    assert counts == Counter({
+        ("unit", "%->bps"): 1, ("unit", "million->billion"): 2, ("polarity", "rose/fell"): 1,
+        ("polarity", "more/less"): 1, ("polarity", numgap_rules.AMOUNT): 1,
+        ("polarity", numgap_rules.NO_AMOUNT): 1,
+    })  # fmt: skip
