@@ -2,7 +2,11 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Appended to flags given outside (e.g. `XLA_FLAGS=--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU
+# runs), so the tests see their 8 devices whatever else is set.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = flags.strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -10,6 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gzip  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -20,6 +26,28 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("caliber", derandomize=True, deadline=None)
 settings.register_profile("explore", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "caliber"))
+
+# One persistent XLA compilation cache for the session: the in-process tests, the entry points
+# they launch (`--compilation_cache` defaults to $CALIBER_JAX_CACHE) and both pytest-xdist workers
+# (they inherit the variable from the controller, which loads this file first). A program that
+# several tests build (the tiny train step, an encoder at one shape) compiles once. It is a new
+# temporary folder each session, so the suite takes a cold machine's time and leaves the user's
+# cache alone; a CALIBER_JAX_CACHE set beforehand is used as it is.
+_OWN_CACHE = "CALIBER_JAX_CACHE" not in os.environ
+if _OWN_CACHE:
+    os.environ["CALIBER_JAX_CACHE"] = tempfile.mkdtemp(prefix="caliber_tests_xla_")
+
+
+def pytest_configure(config):
+    from caliber_jax import cli
+
+    cli.enable_compilation_cache(os.environ["CALIBER_JAX_CACHE"])
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["CALIBER_JAX_CACHE"], ignore_errors=True)
+
 
 REPO = Path(__file__).resolve().parents[1]
 # What the repository ships: every test reads only these (a fresh clone has no ../shared).
