@@ -92,12 +92,13 @@ What this shows: every stage ran end to end (prepare -> teacher vectors -> train
 evaluate) on the bundled sample, and each row is a model loaded back from its exported directory.
 What it does not show: 8 steps (one epoch of 256 passages, 45 NumGap records) cannot move NumGap
 (D stays ~0 for every model) nor bring the 3-layer student to its teacher, so LEAF and Caliber tie.
-The effect the project exists for, the hinge raising a student's numeric discrimination (NumGap-D
-0.0069 for LEAF -> 0.0131 at lambda 2, inside seed noise at the paper's lambda 0.5), is measured by
-  python scripts/study.py --preset full --filings FILINGS --seeds 0,1 --ablation
-44 minutes on a 2-core CPU (docs/results.md, 2026-11-21; FILINGS: the 197 FinanceBench filings,
-filings.jsonl.gz). docs/numeric.md's recipe reaches NumGap-D 0.27: `--preset numeric`, ~95 minutes
-per 1,000-step student on a 2-core AVX2 CPU."""
+The effect the project exists for, a small student that retrieves better than its start and tells
+numbers apart where its teacher cannot, is shown at a small size by
+  python scripts/study.py --preset headline-verify --filings FILINGS
+30 minutes from a fresh clone on a 2-core CPU (docs/results.md, session 23: FinanceBench nDCG@10
+0.569 against the start's 0.500, NumGap-D 0.123 against the teacher's 0.004; FILINGS: the
+FinanceBench filings, filings.jsonl.gz). The full recipe (`--preset headline-late800 --seeds 0,1`,
+CPU days, resumable) reaches nDCG@10 0.608 at NumGap-D 0.381 (docs/results.md, session 24)."""
 
 
 def run(stage: str, args: list[str], times: dict[str, float]) -> None:

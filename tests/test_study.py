@@ -50,17 +50,22 @@ def _study_module():
 
 
 def test_demo_epilogue_quotes_the_docs_figures():
-    """The demo's closing figures are the ones docs/results.md and docs/numeric.md measured."""
+    """The demo's closing figures are the ones docs/results.md measured (rounded to 3 places)."""
     epilogue = _study_module().DEMO_EPILOGUE
     results = (REPO / "docs" / "results.md").read_text()
-    numeric = (REPO / "docs" / "numeric.md").read_text()
-    assert "the whole study 44 minutes" in results and "44 minutes" in epilogue
-    assert "0.0069 (LEAF s0) to 0.0131 (m 0.05)" in results and "0.0069 for LEAF -> 0.0131" in (
-        epilogue
+    assert "--preset headline-verify --filings" in epilogue
+    verify = results[results.index("## Session 23") :]
+    assert "**30 min 7 s**" in verify and "30 minutes from a fresh clone" in epilogue
+    assert "| **Late lp verify s0** | **0.5692** | **0.1231** |" in verify
+    assert "| Initial lp verify s0 (fitted start) | 0.5000 |" in verify
+    assert "| Teacher all-mpnet-base-v2 | 0.6609 | 0.0038 |" in verify
+    assert (
+        "nDCG@10\n0.569 against the start's 0.500, NumGap-D 0.123 against the teacher's 0.004"
+        in (epilogue)
     )
-    assert "--preset full --filings" in results and "--preset full --filings" in epilogue
-    assert "1,000-step point is ~95 minutes" in numeric and "~95 minutes" in epilogue
-    assert "test NumGap-D **0.2654**" in numeric and "NumGap-D 0.27" in epilogue
+    assert "| **Late800, s0+s1** | **0.6083** |" in results and "**0.381** |" in results
+    assert "--preset headline-late800 --seeds 0,1" in epilogue
+    assert "nDCG@10 0.608 at NumGap-D 0.381" in epilogue
 
 
 def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
