@@ -241,8 +241,8 @@ numbers, units and direction words should change its vector: e.g. telling "$5 mi
 {retrieval}- NumGap-D measures whether a perturbed passage falls below a topical distractor; it
   does not make the model read or compare numbers, and a query that states no number gains
   nothing from it.
-- Separation differs by rule and category (the study's per-rule table): direction words
-  (polarity) move the least; scale swaps and %/bps do not separate alike.
+{near_miss_clause(loss)}- Separation differs by rule and category (the study's per-rule table):
+  direction words (polarity) move the least; scale swaps and %/bps do not separate alike.
 - Trained and evaluated on SEC filings at {train_length}-token passages; other domains and
   longer texts are untested. FinanceBench here is 150 questions: differences of ~0.02 nDCG@10
   are within noise (see the study's paired tests).
@@ -252,6 +252,19 @@ numbers, units and direction words should change its vector: e.g. telling "$5 mi
     partial.write_text(text)
     partial.replace(path)
     return path
+
+
+def near_miss_clause(loss: dict) -> str:
+    """The limitation the neighbour hinge brings (a bullet), or "" for other objectives."""
+    if loss.get("objective") != "neighbour" or not loss.get("lam"):
+        return ""
+    return (
+        "- The hinge pushes a passage that differs in one number, unit or direction word down to\n"
+        "  about the similarity of a topical neighbour: a query that should match a passage\n"
+        '  whatever its amount or direction ("revenue rose or fell") may miss some of them\n'
+        "  (docs/results.md, session 24: one sentence through the teacher, the start and this\n"
+        "  recipe).\n"
+    )
 
 
 def main() -> None:

@@ -137,6 +137,8 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     )
     assert not (hf / "README.md.partial").exists()
     assert "**Weights:**" not in text  # one run's weights: no blend line
+    assert "- The hinge pushes a passage that differs in one number" in text
+    assert model_card.near_miss_clause(headline.get_config("distill").loss.to_dict()) == ""
     # A blend (`export --blend_with`) says what it was blended with, from the twin's config.
     twin = tmp_path / "twin"
     twin.mkdir()
