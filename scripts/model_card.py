@@ -40,6 +40,11 @@ def blend_clause(model_dir: Path) -> str:
     export's record and the other run's config; "" for a model exported from one run."""
     record_path = model_dir / "caliber_export.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if "interpolate" in record and "blend_with" not in record:
+        share = record["interpolate"]
+        return (f"- **Weights:** a blend, {1 - share:g} x the weights this run started from + "
+                f"{share:g} x its final weights, tensor by tensor (WiSE-FT; the share chosen on "
+                "NumGap dev).\n")  # fmt: skip
     if "blend_with" not in record:
         return ""
     share = record["interpolate"]

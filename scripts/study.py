@@ -46,6 +46,7 @@ PRESETS = {
     "headline-soup": {"config": "configs/headline.py", "overrides": []},
     "headline-late": {"config": "configs/headline.py", "overrides": []},
     "headline-late800": {"config": "configs/headline.py", "overrides": []},
+    "headline-late800-blend": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -162,6 +163,9 @@ def main() -> None:
             return
         if args.preset == "headline-soup":
             study_headline.run_soup(args, run)
+            return
+        if args.preset == "headline-late800-blend":
+            study_headline.run_late_blend(args, run)
             return
         if args.preset in ("headline-late", "headline-late800"):
             study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))

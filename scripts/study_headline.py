@@ -94,6 +94,16 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
     return reaching[0] if reaching else None
 
 
+# `--preset headline-late800-blend`: shares of the Late800 run's final weights, the rest its
+# start's (the distilled twin): session 24's pilot grid, chosen on NumGap dev as the soup is.
+BLEND_SHARES = (0.5, 0.6, 0.7, 0.8)
+
+
+def blend_label(share: float | None, seed: int) -> str:
+    """ "Blend800 a0.8 s0" for a candidate share; "Blend800 lp long s0" for the chosen one."""
+    return f"Blend800 lp long s{seed}" if share is None else f"Blend800 a{share:g} s{seed}"
+
+
 def late_label(seed: int, *, verify: bool = False, variant: str = "late") -> str:
     """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
     ("Late lp verify s0" at the verification size; "Late800 lp long s0" for `variant`
@@ -351,7 +361,8 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
         numeric = out / evaluate.slug(student_label(seed, verify=verify))
         lates = [late_label(seed, verify=verify, variant=v) for v in ("late", "late800")]
         cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
-                 *((late, out / evaluate.slug(late)) for late in lates)]  # fmt: skip
+                 *((late, out / evaluate.slug(late)) for late in lates),
+                 (blend_label(None, seed), out / evaluate.slug(lates[1]))]  # fmt: skip
         for label, workdir in cards:
             hf = out / evaluate.slug(label) / "hf"
             if label in results and hf.is_dir() and workdir.is_dir():
@@ -446,6 +457,80 @@ def run_soup(args, run: RunFn) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf", path)
         scored(label, hf, path, test_common)
+
+
+def run_late_blend(args, run: RunFn) -> None:
+    """WiSE-FT of the Late800 runs (`--preset headline-late800` trains them): per seed,
+    (1 - a) x the weights the late run started from (its distilled twin's export) + a x its final
+    weights (`export --interpolate`), at each share of `BLEND_SHARES`. Every seed-0 blend is
+    scored on NumGap dev alone (FinanceBench is not looked at), the share is chosen by
+    `choose_share` (the smallest reaching dev D 0.25), and the chosen blend of every seed is
+    exported as "Blend800 lp long s<seed>" and scored like the headline students (FinanceBench +
+    the recorded NumGap test set) into the headline's results. Report: `<output>/blend800/`."""
+    out = Path(args.output or "runs/headline").resolve()
+    data = out / "data"
+    record = record_dir(args, "headline")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    lates = {seed: out / evaluate.slug(late_label(seed, variant="late800")) for seed in seeds}
+    missing = [str(w) for w in lates.values() if not (w / "summary.json").is_file()]
+    if missing:
+        raise ValueError(f"headline-late800-blend: no finished Late800 run in "
+                         f"{', '.join(missing)} (run --preset headline-late800 --seeds "
+                         f"{args.seeds} first)")  # fmt: skip
+    folder = out / "blend800"
+    dev_path = data / "numgap_dev.jsonl"
+    times: dict[str, float] = {}
+
+    def blended(label: str, workdir: Path, share: float, hf: Path, result: Path) -> Path:
+        """The blend's export, made again (and its score dropped) when the directory holds
+        another share."""
+        done = hf / "caliber_export.json"
+        if (json.loads(done.read_text()) if done.is_file() else {}).get("interpolate") != share:
+            result.unlink(missing_ok=True)  # scored on other weights
+            run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                    f"--interpolate={share}", f"--output={hf}"], times)  # fmt: skip
+        return hf
+
+    def scored(label: str, hf: Path, path: Path, common: list[str]) -> dict:
+        if not path.is_file():
+            run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
+                                      f"--label={label}", *common, f"--output={path}"],
+                times)  # fmt: skip
+        record_file(path, out, record)
+        return load_results(path.parent)
+
+    dev_common = [f"--numgap={dev_path}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
+    dev = {}
+    for share in BLEND_SHARES:
+        label = blend_label(share, 0)
+        path = folder / "results" / evaluate.slug(label) / "numgap.json"
+        hf = blended(label, lates[0], share, folder / evaluate.slug(label) / "hf", path)
+        dev[label] = scored(label, hf, path, dev_common)
+    dev_d = {share: dev[blend_label(share, 0)]["numgap"]["overall"]["D"] for share in BLEND_SHARES}
+    share = choose_share(dev_d)
+    records = numgap.load_numgap(dev_path)
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
+    choice = (f"chosen share {share:g} (the smallest whose seed-0 dev D >= {SOUP_TARGET_D})"
+              if share is not None else f"no share reaches dev D {SOUP_TARGET_D}")  # fmt: skip
+    report = (
+        f"# Blends (1 - a) x twin + a x Late800 (WiSE-FT): NumGap **dev** ({len(records)} "
+        f"records), {EVAL_MAX_LENGTH} tokens\n\nSeed-0 dev D per share: "
+        f"{', '.join(f'{a:g}: {d:.4f}' for a, d in dev_d.items())}; {choice}.\n\n"
+        f"## NumGap-D per rule (dev)\n\n{rules}\n"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "blend800.md").write_text(report)
+    record_file(folder / "blend800.md", out, record)
+    print(report)
+    if share is None:
+        return
+    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
+    for seed, workdir in lates.items():
+        label = blend_label(None, seed)
+        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        hf = blended(label, workdir, share, out / evaluate.slug(label) / "hf", path)
+        scored(label, hf, path, test_common)
+    add_times(out / "study.json", times)
 
 
 def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -> None:

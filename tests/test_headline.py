@@ -51,9 +51,10 @@ class FakeStages:
                 "modules.json": "[]",
                 "sentence_bert_config.json": json.dumps({"max_seq_length": 128}),
             }
-            if "--blend_with" in flag:
-                share, twin = float(flag["--interpolate"]), flag["--blend_with"]
-                blend = {"interpolate": share, "blend_with": twin}
+            if "--interpolate" in flag:  # what export records of a blend
+                blend = {"interpolate": float(flag["--interpolate"])}
+                if "--blend_with" in flag:
+                    blend["blend_with"] = flag["--blend_with"]
                 files["caliber_export.json"] = json.dumps(blend)
             _write(Path(flag["--output"]), files)
         elif "caliber_jax.evaluate" in argv:
@@ -171,6 +172,14 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     assert "started from the weights (W_out included) of twin: 2000 steps of objective" in text
     assert "caliber, lambda 0.0, perturb_weight 1.0" in text and "least-squares" not in text
     assert "polarity rule: quantity; category\n  weights: magnitude 1, polarity 3, unit 1)" in text
+    # A blend of a run with the weights it started from (`export --interpolate`, WiSE-FT).
+    (hf / "caliber_export.json").write_text(json.dumps({"interpolate": 0.8}))
+    text = model_card.write_card(
+        hf, label="Headline lp long s0", results=results, teacher="Teacher",
+        starts=["Initial t384 s0"], workdir=tmp_path / "late", numgap_path="ng.jsonl",
+    ).read_text()  # fmt: skip
+    assert ("**Weights:** a blend, 0.2 x the weights this run started from + 0.8 x its final "
+            "weights") in text  # fmt: skip
 
 
 def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
@@ -524,3 +533,67 @@ def test_late_variant_is_the_quantity_recipe_with_polarity_weighted_for_400_step
     assert round(late.num_epochs * 20000 / late.batch_size) == 400
     assert late.loss.to_dict() == plain.loss.to_dict()
     assert late.data.dir != plain.data.dir
+
+
+def test_late800_blend_chooses_the_share_on_dev_alone_and_scores_it_on_test(tmp_path):
+    """`--preset headline-late800-blend` with each stage replaced by what it writes: seed 0's
+    Late800 run is exported at every share of `BLEND_SHARES` (`--interpolate`: blended with the
+    twin it started from) and scored on NumGap dev alone, the share is the smallest reaching dev
+    D 0.25, every seed's blend at that share is scored on the recorded test set into the
+    headline's results, and a rerun repeats nothing; without a finished Late800 run it stops
+    with one line."""
+    import argparse
+
+    import study_headline
+
+    from caliber_jax.eval import numgap
+
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    record = {"category": "unit", "anchor": "Sales were $5 million.",
+              "perturbed": "Sales were $5 billion.",
+              "distractor": "Costs were $2 million."}  # fmt: skip
+    (out / "data" / "numgap_dev.jsonl").write_text(json.dumps(record) + "\n")
+    record_id = numgap.record_id(0, record)
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0,1",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    with pytest.raises(ValueError, match="no finished Late800 run in .*headline-late800"):
+        study_headline.run_late_blend(args, FakeStages())
+    for seed in (0, 1):
+        late = out / f"Late800_lp_long_s{seed}"
+        late.mkdir()
+        (late / "summary.json").write_text("{}")
+    dev_d = {0.5: 0.05, 0.6: 0.12, 0.7: 0.26, 0.8: 0.3}
+
+    def evaluate(flag: dict[str, str]) -> dict:
+        share = next((a for a in dev_d if flag["--label"] == f"Blend800 a{a:g} s0"), None)
+        d = dev_d.get(share, 0.4)
+        return {"label": flag["--label"], "numgap": {"overall": {"D": d, "M": 0.0}},
+                "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
+
+    fake = FakeStages(evaluate)
+    study_headline.run_late_blend(args, fake)
+    argv = fake.argv()
+    assert fake.stages == [
+        *(s for a in study_headline.BLEND_SHARES
+          for s in (f"export Blend800 a{a:g} s0", f"evaluate Blend800 a{a:g} s0")),
+        "export Blend800 lp long s0", "evaluate Blend800 lp long s0",
+        "export Blend800 lp long s1", "evaluate Blend800 lp long s1",
+    ]  # fmt: skip
+    for a in study_headline.BLEND_SHARES:
+        assert "--tasks=numgap" in argv[f"evaluate Blend800 a{a:g} s0"]  # dev: NumGap alone
+        assert f"--interpolate={a}" in argv[f"export Blend800 a{a:g} s0"]
+    for seed in (0, 1):
+        export = argv[f"export Blend800 lp long s{seed}"]
+        assert "--interpolate=0.7" in export  # the smallest share with dev D >= 0.25
+        assert f"--workdir={out / f'Late800_lp_long_s{seed}'}" in export
+        assert not any(a.startswith("--blend_with") for a in export)
+        test = " ".join(argv[f"evaluate Blend800 lp long s{seed}"])
+        assert "study_mpnet_long/data/numgap_test.jsonl" in test and "--financebench=" in test
+        assert (
+            out / "results" / f"Blend800_lp_long_s{seed}" / "financebench+numgap.json"
+        ).is_file()
+    assert "chosen share 0.7" in (out / "blend800" / "blend800.md").read_text()
+    fake.calls.clear()
+    study_headline.run_late_blend(args, fake)
+    assert fake.stages == []
