@@ -36,7 +36,9 @@ Variant `late`: separate late. The numeric recipe for 400 steps, started from th
 twin's final weights (`variant distill`, 2,000 steps), on the quantity-scope data with polarity
 drawn 3x where it fires (`prepare.category_weights`); `--preset headline-late` runs both phases.
 Variant `late800`: `late` for 800 steps (session 23's pilot, chosen on both dev sets);
-`--preset headline-late800` runs it from the same twins, labelled "Late800".
+`--preset headline-late800` runs it from the same twins, labelled "Late800";
+`--preset headline-late800-blend` blends each Late800 run with the twin it started from
+(`export --interpolate`, WiSE-FT), the share chosen on NumGap dev, labelled "Blend800".
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).
