@@ -104,6 +104,22 @@ def blend_label(share: float | None, seed: int) -> str:
     return f"Blend800 lp long s{seed}" if share is None else f"Blend800 a{share:g} s{seed}"
 
 
+def chosen_on_dev(
+    dev: dict[str, dict], shares: tuple[float, ...], label_of: Callable, dev_path: Path
+) -> tuple[float | None, int, str, str]:
+    """(share, records, summary, rules): the share `choose_share` takes from the seed-0 dev D of
+    `dev` (label -> results, `label_of(share, 0)` naming each blend), the dev set's size, the
+    report's sentence on it and the per-rule dev table."""
+    dev_d = {share: dev[label_of(share, 0)]["numgap"]["overall"]["D"] for share in shares}
+    share = choose_share(dev_d)
+    records = numgap.load_numgap(dev_path)
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
+    choice = (f"chosen share {share:g} (the smallest whose seed-0 dev D >= {SOUP_TARGET_D})"
+              if share is not None else f"no share reaches dev D {SOUP_TARGET_D}")  # fmt: skip
+    per_share = ", ".join(f"{a:g}: {d:.4f}" for a, d in dev_d.items())
+    return share, len(records), f"Seed-0 dev D per share: {per_share}; {choice}.", rules
+
+
 def late_label(seed: int, *, verify: bool = False, variant: str = "late") -> str:
     """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
     ("Late lp verify s0" at the verification size; "Late800 lp long s0" for `variant`
@@ -431,17 +447,11 @@ def run_soup(args, run: RunFn) -> None:
             hf = blended(label, numeric, distill, share, soup / evaluate.slug(label) / "hf", path)
             dev[label] = scored(label, hf, path, dev_common)
     # Chosen on seed 0 alone, so a later seed never changes the blend already exported.
-    dev_d = {share: dev[soup_label(share, 0)]["numgap"]["overall"]["D"] for share in SOUP_SHARES}
-    share = choose_share(dev_d)
-    records = numgap.load_numgap(dev_path)
-    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
-    choice = (f"chosen share {share:g} (the smallest whose seed-0 dev D >= {SOUP_TARGET_D})"
-              if share is not None else f"no share reaches dev D {SOUP_TARGET_D}")  # fmt: skip
+    share, count, summary, rules = chosen_on_dev(dev, SOUP_SHARES, soup_label, dev_path)
     report = (
         f"# Weight-space blends (1 - a) * Distill + a * Headline: NumGap **dev** "
-        f"({len(records)} records) and FinanceBench, {EVAL_MAX_LENGTH} tokens\n\n"
-        f"Share a = 0 is the distilled run, a = 1 the headline run. Seed-0 dev D per "
-        f"share: {', '.join(f'{a:g}: {d:.4f}' for a, d in dev_d.items())}; {choice}.\n\n"
+        f"({count} records) and FinanceBench, {EVAL_MAX_LENGTH} tokens\n\n"
+        f"Share a = 0 is the distilled run, a = 1 the headline run. {summary}\n\n"
         f"{evaluate.format_markdown(dev)}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
     (soup / "soup.md").write_text(report)
@@ -506,17 +516,10 @@ def run_late_blend(args, run: RunFn) -> None:
         path = folder / "results" / evaluate.slug(label) / "numgap.json"
         hf = blended(label, lates[0], share, folder / evaluate.slug(label) / "hf", path)
         dev[label] = scored(label, hf, path, dev_common)
-    dev_d = {share: dev[blend_label(share, 0)]["numgap"]["overall"]["D"] for share in BLEND_SHARES}
-    share = choose_share(dev_d)
-    records = numgap.load_numgap(dev_path)
-    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
-    choice = (f"chosen share {share:g} (the smallest whose seed-0 dev D >= {SOUP_TARGET_D})"
-              if share is not None else f"no share reaches dev D {SOUP_TARGET_D}")  # fmt: skip
+    share, count, summary, rules = chosen_on_dev(dev, BLEND_SHARES, blend_label, dev_path)
     report = (
-        f"# Blends (1 - a) x twin + a x Late800 (WiSE-FT): NumGap **dev** ({len(records)} "
-        f"records), {EVAL_MAX_LENGTH} tokens\n\nSeed-0 dev D per share: "
-        f"{', '.join(f'{a:g}: {d:.4f}' for a, d in dev_d.items())}; {choice}.\n\n"
-        f"## NumGap-D per rule (dev)\n\n{rules}\n"
+        f"# Blends (1 - a) x twin + a x Late800 (WiSE-FT): NumGap **dev** ({count} records), "
+        f"{EVAL_MAX_LENGTH} tokens\n\n{summary}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "blend800.md").write_text(report)
