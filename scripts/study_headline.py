@@ -25,6 +25,7 @@ its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after t
 machine.
 """
 
+import functools
 import json
 import sys
 import time
@@ -102,6 +103,18 @@ BLEND_SHARES = (0.5, 0.6, 0.7, 0.8)
 def blend_label(share: float | None, seed: int) -> str:
     """ "Blend800 a0.8 s0" for a candidate share; "Blend800 lp long s0" for the chosen one."""
     return f"Blend800 lp long s{seed}" if share is None else f"Blend800 a{share:g} s{seed}"
+
+
+def scored_once(run: RunFn, times: dict[str, float], out: Path, record: Path | None,
+                label: str, hf: Path, path: Path, common: list[str]) -> dict:  # fmt: skip
+    """`label`'s results at `path`: `caliber_jax.evaluate` of `hf` with `common` unless they are
+    there already, recorded, loaded."""
+    if not path.is_file():
+        run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
+                                  f"--label={label}", *common, f"--output={path}"],
+            times)  # fmt: skip
+    record_file(path, out, record)
+    return load_results(path.parent)
 
 
 def chosen_on_dev(
@@ -413,13 +426,7 @@ def run_soup(args, run: RunFn) -> None:
     def stage(name: str, argv: list[str]) -> None:
         run(name, argv, times)
 
-    def scored(label: str, hf: Path, path: Path, common: list[str]) -> dict:
-        if not path.is_file():
-            run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
-                                      f"--label={label}", *common, f"--output={path}"],
-                times)  # fmt: skip
-        record_file(path, out, record)
-        return load_results(path.parent)
+    scored = functools.partial(scored_once, run, times, out, record)
 
     def blended(label: str, numeric: Path, distill: Path, share: float, hf: Path,
                 result: Path) -> Path:  # fmt: skip
@@ -501,13 +508,7 @@ def run_late_blend(args, run: RunFn) -> None:
                                     f"--interpolate={share}", f"--output={hf}"], times)  # fmt: skip
         return hf
 
-    def scored(label: str, hf: Path, path: Path, common: list[str]) -> dict:
-        if not path.is_file():
-            run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
-                                      f"--label={label}", *common, f"--output={path}"],
-                times)  # fmt: skip
-        record_file(path, out, record)
-        return load_results(path.parent)
+    scored = functools.partial(scored_once, run, times, out, record)
 
     dev_common = [f"--numgap={dev_path}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
     dev = {}
