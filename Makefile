@@ -8,6 +8,9 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers: two keep both cores busy through the single-threaded parts of the tests
 # (imports, tracing, XLA compiles, subprocess launches); `make test TEST_WORKERS=0` runs in-process.
 TEST_WORKERS ?= 2
+# Whole modules go to a worker (their module fixtures, e.g. multi-process runs, run once), in the
+# order tests/conftest.py sorts them: the modules of slow tests first.
+DIST := $(if $(filter 0,$(TEST_WORKERS)),,--dist loadscope --no-loadscope-reorder)
 
 .PHONY: install test demo clean-runs
 
@@ -20,7 +23,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(DIST) --durations=15
 
 demo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" bash launch/demo.sh

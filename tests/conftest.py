@@ -56,10 +56,33 @@ SAMPLE_FILINGS = SAMPLE / "filings.jsonl.gz"
 SAMPLE_FINANCEBENCH = SAMPLE / "financebench_open_source.jsonl.gz"
 
 
+def slow_seconds(items) -> dict[str, float]:
+    """Per module, the seconds its `slow` marks say it takes on 2 busy cores (`slow(90)`; 60
+    unless given): a test's own mark counts for that test, a module's `pytestmark` once."""
+    seconds: dict[str, float] = {}
+    counted = set()
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        seconds.setdefault(module, 0.0)
+        for node, mark in item.iter_markers_with_node("slow"):
+            if node is not item and (module, node.nodeid) in counted:
+                continue
+            counted.add((module, node.nodeid))
+            seconds[module] += float(mark.args[0]) if mark.args else 60.0
+    return seconds
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skip themselves when jax sees no GPU."""
+    """Modules with the most `slow` seconds first, the rest in their order. `make test` hands
+    whole modules to its pytest-xdist workers in this order (`--dist loadscope
+    --no-loadscope-reorder`): a module's fixtures (the multi-process runs of a module) run once,
+    and no worker starts a module of minutes while the other has nothing left. GPU tests skip
+    themselves when jax sees no GPU."""
     import jax
 
+    module_seconds = slow_seconds(items)
+    # Stable: ties (the modules with no slow test) keep their collection order.
+    items.sort(key=lambda item: -module_seconds[item.nodeid.split("::")[0]])
     if any(d.platform == "gpu" for d in jax.devices()):
         return
     skip = pytest.mark.skip(reason="needs a GPU")

@@ -280,6 +280,7 @@ def test_encode_benchmark_reads_any_model_directory(capsys, tmp_path, minilm_dir
     assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
 
 
+@pytest.mark.slow(50)
 def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
     """prepare -> teacher vectors -> `caliber_jax.train` and the PyTorch loop, 4 steps each."""
     command = [

@@ -40,7 +40,7 @@ def test_source_commit_falls_back_to_the_prepared_record(monkeypatch):
 
 # Eight Python launches (two of caliber_jax.train, three benchmarks, two compiles): over a
 # minute on 2 cores even at toy size (3.3 min at load ~15, 7.6 at load 20-25; BENCHMARKS.md).
-@pytest.mark.slow
+@pytest.mark.slow(140)
 def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     env = {
         **os.environ,

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow(60)
 def test_study_smoke_runs_every_stage(tmp_path):
     out = tmp_path / "smoke"
     result = subprocess.run(
@@ -68,6 +71,7 @@ def test_demo_epilogue_quotes_the_docs_figures():
     assert "nDCG@10 0.608 at NumGap-D 0.381" in epilogue
 
 
+@pytest.mark.slow(100)
 def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
     """`--preset numeric` (issue #16) on the bundled sample, cut down by `--overrides`: the model
     calibrating itself, LEAF and eq. 4 beside the recipe, every model scored at 128 tokens."""

@@ -69,6 +69,7 @@ def test_overrides_reach_the_config_and_typos_fail(data_dir, tmp_path):
     assert typo.returncode != 0 and "lamda" in typo.stderr
 
 
+@pytest.mark.slow(65)
 def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
     straight = train(data_dir, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
@@ -169,6 +170,7 @@ def _flatten(tree, prefix=""):
     return out
 
 
+@pytest.mark.slow(40)
 def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "fall", "--config.total_steps=24",
                    "--config.checkpoint_every=24", "--config.eval_every=24",
@@ -200,6 +202,7 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3, 0.75e-3, 0.75e-3], atol=1e-9)
 
 
+@pytest.mark.slow(40)
 @pytest.mark.parametrize("split", [True, False])
 def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
     """Programs built on the compile-ahead thread are the programs jit builds: same params (for
@@ -223,6 +226,7 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
         np.testing.assert_array_equal(params_on[name], params_off[name], err_msg=name)
 
 
+@pytest.mark.slow(40)
 def test_chunked_gradients_train_the_same_params(data_dir, tmp_path):
     """`grad_chunk_rows` (the demo's default): the packed rows in groups of 8 (the 8 test
     devices) train the params of one program per row count (tests/test_grad_chunks.py: with

@@ -103,6 +103,7 @@ def _write_passages(data_dir: Path, texts: list[str]) -> None:
     corpus.save_jsonl(data_dir / "train.jsonl", rows)
 
 
+@pytest.mark.slow(65)
 def test_cli_resumes_after_a_kill_and_checks_the_text_hash(
     minilm_dir, filing_passages, reference, tmp_path
 ):

@@ -1,10 +1,13 @@
 """The demo config's own step with 2 processes x 2 CPU devices: packed rows, chunked gradients.
 
 Issue #34: this deadlocked within a few steps (every thread of both processes asleep, the
-launcher waiting forever). Only the data and the step count differ from configs/demo.py: the
-64 training passages pack into 20 or 24 rows per process, so each step runs 5 or 6 groups of 4
-rows, and 8 steps meet each row count 4 times. The launch's timeout turns a hang into
-a failure with every process's stacks in the message (conftest.Launch.dump_stacks).
+launcher waiting forever). Only the data, the step count and the depth differ from
+configs/demo.py: the 64 training passages pack into 20 or 24 rows per process, so each step runs 5
+or 6 groups of 4 rows, and 8 steps meet each row count 4 times. One of the demo's 3 layers: the
+step's programs and collectives are the same at any depth (the hang was in their order, not in
+the layers), and each layer cost ~25 s of the suite's wall time on 2 cores. The launch's timeout
+turns a hang into a failure with every process's stacks in the message
+(conftest.Launch.dump_stacks).
 """
 
 import json
@@ -13,24 +16,35 @@ import pytest
 
 from tests.multiprocess.conftest import flat_params, launch, max_abs_diff, module
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(80)]
 STEPS = 8
 
 
 def demo_command(data_dir, workdir) -> list[str]:
-    """configs/demo.py as it is, on the test data, for STEPS steps."""
+    """configs/demo.py on the test data, for STEPS steps, at one layer."""
     return module("caliber_jax.train", f"--config.data.dir={data_dir}", f"--workdir={workdir}",
-                  f"--config.total_steps={STEPS}")  # fmt: skip
+                  f"--config.total_steps={STEPS}", "--config.model.num_layers=1")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("chunked")
-    done = {}
+    started = {}
+    # Side by side, as tests/multiprocess/test_train.py's runs: the single-threaded parts of one
+    # (imports, tracing, compiling) leave a core to the other.
     for processes, devices in ((2, 2), (1, 4)):
         workdir = root / f"{processes}x{devices}"
-        run = launch(processes, *demo_command(data_dir, workdir), devices=devices,
-                     log=root / f"{workdir.name}.log")  # fmt: skip
+        started[processes] = (
+            workdir,
+            launch(
+                processes,
+                *demo_command(data_dir, workdir),
+                devices=devices,
+                log=root / f"{workdir.name}.log",
+            ),
+        )
+    done = {}
+    for processes, (workdir, run) in started.items():
         run.check()
         done[processes] = workdir, run.output()
     return done

@@ -7,7 +7,7 @@ import pytest
 
 from tests.multiprocess.conftest import launch
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(50)]
 
 
 def test_permuted_device_order_matches_one_process(data_dir, tmp_path):

@@ -29,7 +29,7 @@ from tests.multiprocess.conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(180)]
 COMPACT = "--config.data.pert_rows_multiple=2"  # P per process: a multiple of its 2 devices
 PACKED = "--config.data.pack_length=48"  # rows of max_length tokens, row count a multiple of 8
 LAYOUTS = {"stacked": [], "compact": [COMPACT], "packed": [PACKED]}
