@@ -16,7 +16,7 @@ from caliber_jax import checkpoint, watchdog
 from caliber_jax.data import pipeline
 from caliber_jax.models import embedding
 from configs.demo import minilm_dir
-from tests.conftest import prepare_sample
+from tests.conftest import device_env, prepare_sample
 
 REPO = Path(__file__).resolve().parents[1]
 LR = 1e-3
@@ -39,19 +39,20 @@ def data_dir(teacher_data_dir):
     return teacher_data_dir
 
 
-def run_module(module, *args, wait=True):
+def run_module(module, *args, wait=True, devices=1):
+    """`module` with configs/demo.py; the process sees `devices` CPU devices (tests/conftest.py)."""
     command = [sys.executable, "-m", module, f"--config={REPO / 'configs' / 'demo.py'}", *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if devices == 1 else device_env(devices), PYTHONUNBUFFERED="1")
     if not wait:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
-def train(data_dir, workdir, *extra, wait=True):
+def train(data_dir, workdir, *extra, wait=True, devices=1):
     return run_module(
         "caliber_jax.train", f"--config.data.dir={data_dir}", f"--workdir={workdir}", *TINY, *extra,
-        wait=wait,
+        wait=wait, devices=devices,
     )  # fmt: skip
 
 
@@ -119,8 +120,11 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
 def test_watchdog_ends_a_run_whose_step_overruns(data_dir, tmp_path):
     """config.watchdog_*: a first step (its compile included) longer than factor x min_s is a
     stall: every thread's stack on stderr and status 124 (watchdog.EXIT_STALLED), not a hang."""
+    # 400 steps: longer than the watchdog's grace period after its dump (5 s), in which a run
+    # that ends after all exits normally.
     result = train(data_dir, tmp_path / "stall", "--config.watchdog_factor=1",
-                   "--config.watchdog_min_s=0.2")  # fmt: skip
+                   "--config.watchdog_min_s=0.2", "--config.total_steps=400",
+                   "--config.checkpoint_every=100", "--config.eval_every=1000")  # fmt: skip
     assert result.returncode == watchdog.EXIT_STALLED, result.stderr[-3000:]
     assert "watchdog: " in result.stderr and "after the start" in result.stderr
     assert "in _loop" in result.stderr  # faulthandler's frame of the training thread
@@ -210,11 +214,12 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
     runs = {}
     for ahead in (True, False):
         workdir = tmp_path / f"ahead_{ahead}"
-        # About one sequence per row, rounded up to the 8 test devices: 16 x and their pi(x)
-        # fill 24 or 32 rows, so the run meets two step programs.
+        # About one sequence per row, rounded up to 8 devices (data parallel): 16 x and their
+        # pi(x) fill 24 or 32 rows, so the run meets two step programs.
         result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
                        f"--config.split_update={split}", "--config.grad_chunk_rows=0",
-                       "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
+                       "--config.batch_size=16", "--config.data.pack_length=48",
+                       devices=8)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((workdir / "summary.json").read_text())
         runs[ahead] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
@@ -228,14 +233,15 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
 
 @pytest.mark.slow(40)
 def test_chunked_gradients_train_the_same_params(data_dir, tmp_path):
-    """`grad_chunk_rows` (the demo's default): the packed rows in groups of 8 (the 8 test
-    devices) train the params of one program per row count (tests/test_grad_chunks.py: with
+    """`grad_chunk_rows` (the demo's default): the packed rows in groups of 8 (8 devices, data
+    parallel) train the params of one program per row count (tests/test_grad_chunks.py: with
     programs that do not change with the row count)."""
     runs = {}
     for rows in (8, 0):
         workdir = tmp_path / f"chunks_{rows}"
         result = train(data_dir, workdir, f"--config.grad_chunk_rows={rows}",
-                       "--config.batch_size=16", "--config.data.pack_length=48")  # fmt: skip
+                       "--config.batch_size=16", "--config.data.pack_length=48",
+                       devices=8)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         summary = json.loads((workdir / "summary.json").read_text())
         runs[rows] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
