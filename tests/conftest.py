@@ -16,19 +16,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
 
-# XLA reads its flags once, when this process's CPU client starts: the device count is set for
-# that moment only, so the processes the tests start do not inherit it, and flags given outside
-# (e.g. `XLA_FLAGS=--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU runs) reach them unchanged. (JAX's
-# `jax_num_cpu_devices` setting instead ran tests/test_step.py 1.2x slower here: 121 s vs 100 s.)
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    _outside = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = f"{_outside or ''} --xla_force_host_platform_device_count=8".strip()
-    assert len(jax.devices()) == 8
-    if _outside is None:
-        del os.environ["XLA_FLAGS"]
-    else:
-        os.environ["XLA_FLAGS"] = _outside
-
 
 def device_env(devices: int, env: dict[str, str] | None = None) -> dict[str, str]:
     """`env` (default: this process's) for a launched process that sees `devices` CPU devices."""
@@ -36,6 +23,20 @@ def device_env(devices: int, env: dict[str, str] | None = None) -> dict[str, str
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     return env
+
+
+# XLA reads its flags once, when this process's CPU client starts: the device count is set for
+# that moment only, so the processes the tests start do not inherit it, and flags given outside
+# (e.g. `XLA_FLAGS=--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU runs) reach them unchanged. (JAX's
+# `jax_num_cpu_devices` setting instead ran tests/test_step.py 1.2x slower here: 121 s vs 100 s.)
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    _outside = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = device_env(8)["XLA_FLAGS"]
+    jax.devices()  # starts the backends (the CPU client among them) while the flag is set
+    if _outside is None:
+        del os.environ["XLA_FLAGS"]
+    else:
+        os.environ["XLA_FLAGS"] = _outside
 
 
 import gzip  # noqa: E402
@@ -104,8 +105,6 @@ def pytest_collection_modifyitems(config, items):
     --no-loadscope-reorder`): a module's fixtures (the multi-process runs of a module) run once,
     and no worker starts a module of minutes while the other has nothing left. GPU tests skip
     themselves when jax sees no GPU."""
-    import jax
-
     module_seconds = slow_seconds(items)
     # Stable: ties (the modules with no slow test) keep their collection order.
     items.sort(key=lambda item: -module_seconds[item.nodeid.split("::")[0]])
