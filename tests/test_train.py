@@ -120,11 +120,15 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
 def test_watchdog_ends_a_run_whose_step_overruns(data_dir, tmp_path):
     """config.watchdog_*: a first step (its compile included) longer than factor x min_s is a
     stall: every thread's stack on stderr and status 124 (watchdog.EXIT_STALLED), not a hang."""
-    # 400 steps: longer than the watchdog's grace period after its dump (5 s), in which a run
-    # that ends after all exits normally.
+    # No compilation cache: the first step compiles (seconds), so it outlasts the 0.2 s limit
+    # and the watchdog's 1 s poll on any machine (a step program read from the tests' shared cache
+    # can finish within the first poll; a later, slower step then fires "after step N"). 400
+    # steps: longer than the grace period after the dump (5 s), in which a run that ends after
+    # all exits normally.
     result = train(data_dir, tmp_path / "stall", "--config.watchdog_factor=1",
                    "--config.watchdog_min_s=0.2", "--config.total_steps=400",
-                   "--config.checkpoint_every=100", "--config.eval_every=1000")  # fmt: skip
+                   "--config.checkpoint_every=100", "--config.eval_every=1000",
+                   "--compilation_cache=none")  # fmt: skip
     assert result.returncode == watchdog.EXIT_STALLED, result.stderr[-3000:]
     assert "watchdog: " in result.stderr and "after the start" in result.stderr
     assert "in _loop" in result.stderr  # faulthandler's frame of the training thread

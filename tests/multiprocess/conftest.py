@@ -26,6 +26,7 @@ LAUNCHER = REPO / "launch" / "local_multiprocess.sh"
 DEMO = f"--config={REPO / 'configs' / 'demo.py'}"
 TIMEOUT_S = 420  # per launch; a healthy one takes well under a minute on 2 busy cores
 # Tiny runs: 1 layer of all-MiniLM-L6-v2, batch 8 (2 rows per device), 6 steps.
+LR = 1e-3
 TINY = [
     "--config.model.num_layers=1",
     "--config.data.max_length=48",
@@ -34,7 +35,7 @@ TINY = [
     "--config.checkpoint_every=2",
     "--config.eval_every=6",
     "--config.log_every=1",
-    "--config.optim.lr=1e-3",
+    f"--config.optim.lr={LR}",
     "--config.data.pert_rows_multiple=0",
     "--config.data.pack_length=0",  # padded rows unless a test packs
 ]
