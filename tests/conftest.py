@@ -13,6 +13,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two pytest-xdist workers share two cores, so a PyTorch process (in a worker or launched) always
+# has a busy neighbour; OpenMP's threads spin while they wait for work by default, taking the
+# core from that neighbour. Waiting asleep instead changes no result and ran
+# tests/data/test_torch_teacher.py beside a busy process in 45 s instead of 62 s.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax  # noqa: E402
 
