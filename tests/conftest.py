@@ -32,8 +32,9 @@ def device_env(devices: int, env: dict[str, str] | None = None) -> dict[str, str
 
 # XLA reads its flags once, when this process's CPU client starts: the device count is set for
 # that moment only, so the processes the tests start do not inherit it, and flags given outside
-# (e.g. `XLA_FLAGS=--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU runs) reach them unchanged. (JAX's
-# `jax_num_cpu_devices` setting instead ran tests/test_step.py 1.2x slower here: 121 s vs 100 s.)
+# (e.g. benchmarks/hold_avx2.sh's `--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU runs) reach them
+# unchanged. (JAX's `jax_num_cpu_devices` setting instead ran tests/test_step.py 1.2x slower
+# here: 121 s vs 100 s.)
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     _outside = os.environ.get("XLA_FLAGS")
     os.environ["XLA_FLAGS"] = device_env(8)["XLA_FLAGS"]
