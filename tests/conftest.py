@@ -151,6 +151,18 @@ def qwen_tokenizer_dir(tmp_path_factory) -> Path:
     return tokenization.write_qwen3_tokenizer(tmp_path_factory.mktemp("qwen_tok"))
 
 
+def step_metrics(workdir) -> list[dict]:
+    """A training run's per-step rows of metrics.jsonl (the ones with a gradient norm)."""
+    rows = map(json.loads, (Path(workdir) / "metrics.jsonl").read_text().splitlines())
+    return [row for row in rows if "train/grad_norm" in row]
+
+
+def relative_gaps(rows_a: list[dict], rows_b: list[dict], key: str) -> list[float]:
+    """|a / b - 1| of `key`, step by step, for two runs logged at the same steps."""
+    assert [row["step"] for row in rows_a] == [row["step"] for row in rows_b]
+    return [abs(a[key] / b[key] - 1) for a, b in zip(rows_a, rows_b, strict=True)]
+
+
 def prepare_sample(out: Path) -> Path:
     """64 training and 16 validation passages of the bundled filings, prepared into `out` (no
     teacher vectors): the small real data of the training tests, single- and multi-process."""

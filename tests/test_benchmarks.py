@@ -313,3 +313,19 @@ def test_compile_depth_measures_every_phase(minilm_dir, scan):
     )
     assert set(times) == {"trace", "lower", "compile", "step"}
     assert all(value > 0 for value in times.values())
+
+
+@pytest.mark.parametrize("outside", ["", "--xla_dump_to=/tmp/x"])
+def test_hold_avx2_keeps_outside_xla_flags_and_holds_every_library(outside):
+    """benchmarks/hold_avx2.sh: XLA's flag appended to the caller's, every library held."""
+    script = "source benchmarks/hold_avx2.sh && env -0"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if outside:
+        env["XLA_FLAGS"] = outside
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True,
+                         check=True).stdout.decode()  # fmt: skip
+    held = dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
+    assert held["XLA_FLAGS"] == f"{outside} --xla_cpu_max_isa=AVX2".strip()
+    assert held["ONEDNN_MAX_CPU_ISA"] == held["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
+    assert held["ATEN_CPU_CAPABILITY"] == "avx2" and held["OPENBLAS_CORETYPE"] == "Haswell"
+    assert "AVX512F" in held["NPY_DISABLE_CPU_FEATURES"].split()

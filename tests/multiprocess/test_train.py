@@ -19,6 +19,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from caliber_jax.models import embedding, hf
+from tests.conftest import relative_gaps, step_metrics
 from tests.multiprocess.conftest import (
     LR,
     REPO,
@@ -64,10 +65,10 @@ def test_two_processes_match_one(runs, layout):
     # The gradients first: the loss and the gradient's global norm at every step (log_every = 1),
     # relative. A row lost or counted twice moves them by O(1/rows), a gradient scaled by c moves
     # the norm by c (which Adam divides out of the parameters below). Seen: at most 9.2e-8.
-    logs = {processes: _logged(runs[(processes, layout)]) for processes in (2, 1)}
-    assert [row["step"] for row in logs[2]] == [row["step"] for row in logs[1]] == list(range(1, 7))
+    logs = {processes: step_metrics(runs[(processes, layout)]) for processes in (2, 1)}
+    assert [row["step"] for row in logs[1]] == list(range(1, 7))
     for key in ("train/grad_norm", "train/loss"):
-        gaps = [abs(a[key] / b[key] - 1) for a, b in zip(logs[2], logs[1], strict=True)]
+        gaps = relative_gaps(logs[2], logs[1], key)
         print(f"{layout}: {key} relative gaps {[f'{gap:.2g}' for gap in gaps]}")
         assert max(gaps) <= 1e-5, (key, gaps)
     two, step_two = flat_params(runs[(2, layout)])
@@ -86,12 +87,6 @@ def test_two_processes_match_one(runs, layout):
     assert diff <= 0.1 * LR
     start = flatten_init(runs[(1, layout)])
     assert max_abs_diff(one, start) > 1e-4  # the runs trained
-
-
-def _logged(workdir: Path) -> list[dict]:
-    """The run's per-step training metrics (metrics.jsonl rows with a gradient norm)."""
-    rows = map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
-    return [row for row in rows if "train/grad_norm" in row]
 
 
 def model_spec(workdir: Path) -> tuple[embedding.ModelSpec, str]:
