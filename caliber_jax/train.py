@@ -580,8 +580,8 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
             if step_num == start + 1 and jax.process_index() == 0:
                 jax.block_until_ready(metrics)
                 marks.append(("first step", time.perf_counter()))
-                compiling = cli.COMPILE_STATS.snapshot()["compile_seconds"]
-                print(f"[caliber_jax] {startup_line(marks, compiling)}", file=sys.stderr)
+                stats = cli.COMPILE_STATS.snapshot()
+                print(f"[caliber_jax] {startup_line(marks, stats)}", file=sys.stderr)
             window_rows += int(np.sum(batch["weight"])) * jax.process_count()
             window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps
@@ -622,15 +622,21 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     return last
 
 
-def startup_line(marks: list[tuple[str, float]], compile_seconds: float) -> str:
+def startup_line(marks: list[tuple[str, float]], stats: dict[str, float]) -> str:
     """One line on where the time from `train()` to the first step's end went: `marks` are
-    (phase, perf_counter at its end) after ("began", t0); the first step's share includes XLA's
-    `compile_seconds` (compiling or loading programs from the persistent cache, so far)."""
+    (phase, perf_counter at its end) after ("began", t0); the first step's share includes what
+    `cli.COMPILE_STATS.snapshot()` (`stats`) counts so far, summed over threads: XLA compiling or
+    loading programs from the persistent cache, and JAX tracing and lowering (a cache hit still
+    traces and lowers)."""
     total = marks[-1][1] - marks[0][1]
     phases = ", ".join(f"{name} {end - begin:.1f} s"
                        for (_, begin), (name, end) in itertools.pairwise(marks))  # fmt: skip
-    return (f"first step done {total:.1f} s after train() began: {phases} "
-            f"(XLA compiling or loading so far: {compile_seconds:.1f} s)")  # fmt: skip
+    xla = (
+        f"XLA compiling or loading so far: {stats['compile_seconds']:.1f} s; tracing "
+        f"{stats['trace_seconds']:.1f} s, lowering {stats['lower_seconds']:.1f} s; "
+        f"{stats['programs']:.0f} programs, {stats['cache_hits']:.0f} from the cache"
+    )
+    return f"first step done {total:.1f} s after train() began: {phases} ({xla})"
 
 
 def compile_summary(step_programs: int, *, ahead: int = 0) -> dict[str, float]:

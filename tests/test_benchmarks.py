@@ -2,6 +2,7 @@
 reference's loss against the library's, the timing rounds, and tiny runs of both benchmarks."""
 
 import concurrent.futures
+import json
 import os
 import re
 import subprocess
@@ -9,12 +10,20 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from benchmarks import common, compile_depth, encode_throughput, torch_reference, train_throughput
+from benchmarks import (
+    common,
+    compile_depth,
+    encode_throughput,
+    profile_summary,
+    torch_reference,
+    train_throughput,
+)
 from caliber_jax import host, losses, tokenization
 from caliber_jax.data import pipeline
 from caliber_jax.models import bert, embedding, qwen3
@@ -96,6 +105,69 @@ def test_minilm_dir_follows_the_environment(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     assert common.minilm_dir() == tmp_path
     assert demo.get_config().model.init_dir == demo.get_config().teacher.model_dir == str(tmp_path)
+
+
+def _trace(*threads):
+    """A Perfetto trace: `threads` of (process name, thread name, [(name, ts, dur, args)])."""
+    events = []
+    for pid, (process, thread, ops) in enumerate(threads):
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": process}})
+        events.append({"ph": "M", "pid": pid, "tid": 7, "name": "thread_name",
+                       "args": {"name": thread}})  # fmt: skip
+        events += [{"ph": "X", "pid": pid, "tid": 7, "name": name, "ts": ts, "dur": dur,
+                    "args": args} for name, ts, dur, args in ops]  # fmt: skip
+    return {"traceEvents": events}
+
+
+def test_profile_summary_reads_the_gpu_streams_by_hand():
+    gpu = "/device:GPU:0"
+    trace = _trace(
+        # Two streams; 0-40 and 30-60 overlap, 60-100 idle, 100-140 busy: 100 of 140 us busy.
+        (gpu, "Stream #13(Compute)", [("sm90_xmma_gemm_bf16", 0.0, 40.0, {}),
+                                       ("loop_add_fusion", 100.0, 40.0, {})]),
+        (gpu, "Stream #14(Compute)", [("cudnn_generated_fort_native_sdpa", 30.0, 30.0, {})]),
+        # The derived line repeats the kernels' time; the host's spans are not device time.
+        (gpu, "XLA Ops", [("fusion.1", 0.0, 140.0, {})]),
+        ("/host:CPU", "python", [("PjitFunction(step)", 0.0, 500.0, {"hlo_op": "x"})]),
+    )  # fmt: skip
+    summary = profile_summary.summarize(trace, steps=2)
+    assert summary["threads"] == ["Stream #13(Compute)", "Stream #14(Compute)"]
+    assert summary["op_events"] == 3 and summary["ops_per_step"] == 1.5
+    assert summary["busy_frac"] == pytest.approx(100 / 140)
+    assert summary["window_ms_per_step"] == pytest.approx(0.140 / 2)
+    assert summary["category_frac"] == pytest.approx(
+        {"gemm": 40 / 110, "attention": 30 / 110, "other": 40 / 110}
+    )
+    assert [t["name"] for t in summary["top"]][:1] == ["sm90_xmma_gemm_bf16"]
+    assert profile_summary.busy_time([(0, 5), (1, 2), (4, 9), (20, 21)]) == 10
+
+
+def test_profile_summary_on_the_cpu_reads_the_ops_that_name_an_hlo_op():
+    trace = _trace(
+        ("/host:CPU", "tf_XLAEigen", [("dot.3", 10.0, 20.0, {"hlo_op": "dot.3"}),
+                                      ("end: dot.3", 30.0, 0.0, {}),
+                                      ("ThreadpoolListener::Record", 0.0, 90.0, {})]),
+    )  # fmt: skip
+    summary = profile_summary.summarize(trace, steps=1)
+    assert summary["op_events"] == 1 and summary["category_frac"] == {"gemm": 1.0}
+    assert summary["busy_frac"] == 1.0
+
+
+def test_random_model_draws_each_parameter_by_its_kind():
+    config = common.QWEN3_SHAPES["qwen3-tiny"]
+    spec = embedding.ModelSpec("qwen3", config, "mean", None, config.to_hf())
+    _, params = common.random_model(spec, dtype=jnp.bfloat16, seed=3)
+    flat = {str(path): np.asarray(v) for path, v in jax.tree_util.tree_leaves_with_path(params)}
+    norms = [v for k, v in flat.items() if "norm" in k]
+    matrices = [v for k, v in flat.items() if "norm" not in k]
+    assert norms and all((v == 1).all() for v in norms)
+    assert all(v.dtype == np.float32 for v in flat.values())
+    assert np.std(np.concatenate([v.ravel() for v in matrices])) == pytest.approx(0.02, rel=0.01)
+    # Seeded: the same seed, the same weights; each matrix its own draw.
+    _, again = common.random_model(spec, dtype=jnp.bfloat16, seed=3)
+    again = [np.asarray(v) for v in jax.tree.leaves(again)]
+    assert all(np.array_equal(a, b) for a, b in zip(flat.values(), again, strict=True))
+    assert not np.array_equal(matrices[1][:1, :4], matrices[2][:1, :4])
 
 
 def test_stratified_picks_take_quantiles():
@@ -239,10 +311,16 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
             "--preset", "cpu-minilm", "--lengths", "fixed:12", "--num-layers", "1",
             "--batch-size", "4", "--num-batches", "2", "--repeats", "1", "--time-budget-s", "0",
             "--min-steps", "2", "--compile-cache", str(tmp_path / "cache"),
+            "--profile-dir", str(tmp_path / "profile"), "--profile-steps", "2",
         ]
     )  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("cpu=") and "flags:" in lines[0]
+    # The traced steps' summary (XLA:CPU: the host's op events).
+    summary = json.loads((tmp_path / "profile" / "summary.json").read_text())
+    assert summary["op_events"] > 0 and 0 < summary["busy_frac"] <= 1
+    assert sum(summary["category_frac"].values()) == pytest.approx(1.0)
+    assert f"profile_ops_per_step={summary['ops_per_step']:.1f}" in lines
     assert lines[1] in ("host_malloc=retain", "host_malloc=default")
     assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
     values = dict(line.split("=", 1) for line in lines if "=" in line and " " not in line)

@@ -327,9 +327,12 @@ def test_startup_line_splits_the_time_to_the_first_step():
     from caliber_jax.train import startup_line
 
     marks = [("began", 10.0), ("weights", 12.5), ("model state", 13.0), ("first step", 40.25)]
-    assert startup_line(marks, 21.0) == (
+    stats = {"compile_seconds": 21.0, "trace_seconds": 3.25, "lower_seconds": 1.0,
+             "programs": 7, "cache_hits": 2}  # fmt: skip
+    assert startup_line(marks, stats) == (
         "first step done 30.2 s after train() began: weights 2.5 s, model state 0.5 s, "
-        "first step 27.2 s (XLA compiling or loading so far: 21.0 s)"
+        "first step 27.2 s (XLA compiling or loading so far: 21.0 s; tracing 3.2 s, lowering "
+        "1.0 s; 7 programs, 2 from the cache)"
     )
 
 
