@@ -92,7 +92,9 @@ REQUIRED = {
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
-LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 110, "student_cudnn_scan": 100,
+# Session 27's H200: setup 28 s, student_cudnn 108 s (81 s of it compiling), the scanned worst
+# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts.
+LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 140, "student_cudnn_scan": 110,
           "student_packed": 150, "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
           "student_xla": 150}  # fmt: skip
 if REHEARSAL:
