@@ -9,6 +9,9 @@
 #   bash benchmarks/gpu_on_device.sh prepare   # here, once: .whl and runs/device/filings.jsonl.gz
 #   # through the device tool, carrying .whl and runs/device (timeout_s 540 or more):
 #   bash benchmarks/gpu_on_device.sh [SECONDS] # SECONDS: all of it (default 480); JSON in $OUT
+#   # A device session has 900 s: session 27 ran `... 570` (timeout_s 590; the machine started in
+#   # ~30 s), then, on the still-warm machine whose /tmp/device_report kept the setup, the parts
+#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`.
 #
 # CPU rehearsal (tests/test_device_report.py): CALIBER_DEVICE_REHEARSAL=1 PYTHON=.venv/bin/python
 # FILINGS=data/sample/filings.jsonl.gz bash benchmarks/gpu_on_device.sh: the same parts with a
