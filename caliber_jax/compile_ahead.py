@@ -8,7 +8,8 @@ walks the coming steps, and for each new shape builds that step's batch once and
 compiles the step for it while the training thread runs the steps before. The executables are
 the ones `jax.jit` would build (same function, shardings and donation, same persistent cache);
 a step whose shape is not ready yet waits for it, or compiles it itself if the walk has not got
-there.
+there. The first step's program is built alone (by the walk, or by that step if it asks first):
+the launch waits for it, and nothing else competes with it.
 """
 
 import threading
@@ -76,6 +77,11 @@ class StepPrograms:
                     if mine:
                         self._build(future, args)
                         self.compiled_ahead += 1
+                    if len(seen) == 1:
+                        # The first step waits for its program alone: until it is built (here
+                        # or by that step), nothing else compiles beside it for the cores,
+                        # the GIL or, on a GPU, the autotuner's timing runs.
+                        futures.wait([future])
             except Exception as error:  # the steps still compile, when they come
                 logging.warning("compile-ahead stopped: %s", error)
 

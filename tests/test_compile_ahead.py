@@ -1,6 +1,7 @@
 """caliber_jax/compile_ahead.py: step programs compiled on a background thread."""
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -11,17 +12,22 @@ from caliber_jax import compile_ahead
 
 
 class CountingJit:
-    """A jitted step (state, batch) -> state + sum(batch) that counts its lowerings."""
+    """A jitted step (state, batch) -> state + sum(batch) that counts its lowerings; lowering
+    `hold_rows` rows waits for `release`."""
 
-    def __init__(self, fail_rows: int | None = None):
+    def __init__(self, fail_rows: int | None = None, hold_rows: int | None = None):
         self.jitted = jax.jit(lambda state, batch: state + jnp.sum(batch["x"]))
         self.lowered: list[tuple] = []
         self.fail_rows = fail_rows
+        self.hold_rows = hold_rows
+        self.release = threading.Event()
         self.lock = threading.Lock()
 
     def lower(self, state, batch):
         with self.lock:
             self.lowered.append(batch["x"].shape)
+        if batch["x"].shape[0] == self.hold_rows:
+            assert self.release.wait(timeout=60)
         if batch["x"].shape[0] == self.fail_rows:
             raise ValueError(f"cannot lower {self.fail_rows} rows")
         return self.jitted.lower(state, batch)
@@ -55,6 +61,27 @@ def test_the_walk_builds_coming_shapes_before_their_steps():
         state = programs(state, batch(rows))
     assert len(step.lowered) == 3  # the steps reused the walk's programs
     assert float(state) == sum(float(batch(rows)["x"].sum()) for rows in schedule)
+    programs.close()
+
+
+def test_the_first_steps_program_compiles_alone():
+    # The first step asks for its program before the walk gets to it: the walk waits for that
+    # build to end before it compiles the next shape.
+    step = CountingJit(hold_rows=2)
+    programs = compile_ahead.StepPrograms(step)
+    first = threading.Thread(target=programs, args=(jnp.float32(0), batch(2)))
+    first.start()
+    while not step.lowered:
+        time.sleep(0.01)
+    programs.start(((rows, rows) for rows in (2, 4)), lambda rows: (jnp.float32(0), batch(rows)))
+    time.sleep(0.5)
+    try:
+        assert step.lowered == [(2, 3)]  # the second shape waits
+    finally:
+        step.release.set()
+    first.join(timeout=60)
+    programs._thread.join(timeout=60)
+    assert step.lowered == [(2, 3), (4, 3)] and programs.compiled_ahead == 1
     programs.close()
 
 
