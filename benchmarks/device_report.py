@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -56,6 +57,9 @@ from benchmarks import common  # noqa: E402
 from caliber_jax import provenance  # noqa: E402
 
 REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
+# More `caliber_jax.train` flags for the train parts (recorded in the report), e.g.
+# TRAIN_FLAGS=--config.model.scan_layers=True.
+TRAIN_FLAGS = shlex.split(os.environ.get("TRAIN_FLAGS", ""))
 CONFIG = "configs/caliber.py"
 STUDENT_KEYS = ("jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
                 "jax_peak_memory_bytes", "jax_compile_s")  # fmt: skip
@@ -211,6 +215,7 @@ def train_launch(args, work: Path, name: str, limit: float) -> dict:
         f"--compilation_cache={work / 'xla_cache'}", f"--config.model.init_dir={work / 'model'}",
         f"--config.data.dir={work / 'data'}", f"--config.total_steps={steps}",
         "--config.log_every=1", "--config.data.validate=False", *SIZES["config"],
+        *TRAIN_FLAGS,
     ]  # fmt: skip
     cache = work / "xla_cache"
     cached = _files(cache)
@@ -344,6 +349,7 @@ def main(argv=None) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rehearsal": REHEARSAL,
         "config": CONFIG,
+        "train_flags": TRAIN_FLAGS,
         "host_cpu": common.cpu_description(),
         "sizes": {k: v for k, v in SIZES.items() if isinstance(v, str | int)},
         "parts": {},

@@ -60,7 +60,8 @@ print('jax', jax.__version__, d, d.client.platform_version, '| torch', torch.__v
       'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
   } 2>&1 | tee "$OUT/platform.txt"
 fi
-# PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode.
+# PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode;
+# TRAIN_FLAGS adds train flags to the train parts, e.g. TRAIN_FLAGS=--config.model.scan_layers=True.
 "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
   --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" \
   ${PARTS:+--parts "$PARTS"}
