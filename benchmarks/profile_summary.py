@@ -11,6 +11,8 @@ if none is so named; with no device process (XLA:CPU), the host events that name
 
   busy_frac: the union of the op events' intervals over the window from the first op's start to
     the last one's end: what is left is the device waiting (launches, host work, syncs).
+  busy_ms_per_step, category_ms_per_step: the same in milliseconds per step (kernels that overlap
+    on two streams count twice in the categories).
   category_frac: op time by kind of kernel, from its name: "gemm" (cuBLAS / CUTLASS / XLA dots),
     "attention" (cuDNN / flash attention), "collective", "memcpy", "other" (XLA's fusions:
     elementwise, reductions, norms).
@@ -101,17 +103,19 @@ def summarize(trace: dict, *, steps: int, top: int = 12) -> dict:
         entry[0] += end - start
         entry[1] += 1
     ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+    busy = busy_time(intervals)
+    share = 1.0 / op_time if op_time else 0.0  # zero-length events only: no shares
     return {
         "threads": threads,
         "op_events": len(events),
         "ops_per_step": len(events) / steps,
         "window_ms_per_step": window / 1e3 / steps,
-        "busy_frac": busy_time(intervals) / window if window else 0.0,
-        "category_frac": {k: v / op_time for k, v in sorted(by_category.items())}
-        if op_time
-        else {},
+        "busy_frac": busy / window if window else 0.0,
+        "busy_ms_per_step": busy / 1e3 / steps,
+        "category_frac": {k: v * share for k, v in sorted(by_category.items())},
+        "category_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category.items())},
         "top": [
-            {"name": name[:160], "frac": t / op_time if op_time else 0.0, "per_step": n / steps}
+            {"name": name[:160], "frac": t * share, "per_step": n / steps}
             for name, (t, n) in ranked
         ],
     }
@@ -125,6 +129,7 @@ def key_values(summary: dict) -> list[str]:
             f"profile_busy_frac={summary['busy_frac']:.4f}",
             f"profile_ops_per_step={summary['ops_per_step']:.1f}",
             f"profile_window_ms_per_step={summary['window_ms_per_step']:.3f}",
+            f"profile_busy_ms_per_step={summary['busy_ms_per_step']:.3f}",
         ]
         lines += [f"profile_{k}_frac={v:.4f}" for k, v in summary["category_frac"].items()]
     return lines

@@ -135,6 +135,10 @@ def test_profile_summary_reads_the_gpu_streams_by_hand():
     assert summary["op_events"] == 3 and summary["ops_per_step"] == 1.5
     assert summary["busy_frac"] == pytest.approx(100 / 140)
     assert summary["window_ms_per_step"] == pytest.approx(0.140 / 2)
+    assert summary["busy_ms_per_step"] == pytest.approx(0.100 / 2)
+    assert summary["category_ms_per_step"] == pytest.approx(
+        {"gemm": 0.040 / 2, "attention": 0.030 / 2, "other": 0.040 / 2}
+    )
     assert summary["category_frac"] == pytest.approx(
         {"gemm": 40 / 110, "attention": 30 / 110, "other": 40 / 110}
     )
