@@ -350,6 +350,7 @@ def main(argv=None) -> None:
         "rehearsal": REHEARSAL,
         "config": CONFIG,
         "train_flags": TRAIN_FLAGS,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),  # every part inherits them
         "host_cpu": common.cpu_description(),
         "sizes": {k: v for k, v in SIZES.items() if isinstance(v, str | int)},
         "parts": {},

@@ -61,7 +61,9 @@ print('jax', jax.__version__, d, d.client.platform_version, '| torch', torch.__v
   } 2>&1 | tee "$OUT/platform.txt"
 fi
 # PARTS (comma-separated, default all) reruns some parts alone, e.g. PARTS=teacher_8b_encode;
-# TRAIN_FLAGS adds train flags to the train parts, e.g. TRAIN_FLAGS=--config.model.scan_layers=True.
+# TRAIN_FLAGS adds train flags to the train parts, e.g. TRAIN_FLAGS=--config.model.scan_layers=True;
+# XLA_FLAGS reach every part (e.g. --xla_gpu_enable_triton_gemm=false: fewer autotuned fusions,
+# a shorter compile; its step time is the question). Both are recorded in the JSON.
 "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
   --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" \
   ${PARTS:+--parts "$PARTS"}
