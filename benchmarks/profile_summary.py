@@ -38,12 +38,13 @@ CATEGORIES = (  # first match wins; names are lower-cased
 )
 
 
-def find_trace(directory: str | Path) -> Path:
-    """The newest perfetto_trace.json.gz under `directory`."""
+def read_trace(directory: str | Path) -> dict:
+    """The newest plugins/profile/*/perfetto_trace.json.gz under `directory`, parsed."""
     traces = sorted(Path(directory).glob("plugins/profile/*/perfetto_trace.json.gz"))
     if not traces:
         raise FileNotFoundError(f"{directory}: no plugins/profile/*/perfetto_trace.json.gz")
-    return traces[-1]
+    with gzip.open(traces[-1], "rt") as f:
+        return json.load(f)
 
 
 def category(name: str) -> str:
@@ -140,8 +141,7 @@ def main(argv=None) -> None:
     parser.add_argument("directory", help="the directory given to jax.profiler.trace")
     parser.add_argument("--steps", type=int, default=1, help="steps the trace holds")
     args = parser.parse_args(argv)
-    with gzip.open(find_trace(args.directory), "rt") as f:
-        summary = summarize(json.load(f), steps=args.steps)
+    summary = summarize(read_trace(args.directory), steps=args.steps)
     print(json.dumps(summary, indent=1))
 
 

@@ -32,7 +32,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import functools
-import gzip
 import json
 import os
 import sys
@@ -564,8 +563,7 @@ def profile(jax_runner, directory: str, *, steps: int) -> None:
     with jax.profiler.trace(directory, create_perfetto_trace=True):
         for i in range(steps):
             jax_runner.run(i % len(jax_runner.batches))
-    with gzip.open(profile_summary.find_trace(directory), "rt") as f:
-        summary = profile_summary.summarize(json.load(f), steps=steps)
+    summary = profile_summary.summarize(profile_summary.read_trace(directory), steps=steps)
     path = Path(directory) / "summary.json"
     path.write_text(json.dumps(summary, indent=1))
     print("\n".join(profile_summary.key_values(summary)))
