@@ -72,3 +72,17 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     assert 0 <= parts["train_warm"]["cache_files_added"] < parts["train_cold"]["cache_files_added"]
     assert "after train() began: weights" in parts["train_cold"]["startup"]
     assert parts["student_xla"]["ratio_jax_over_torch"] > 0
+
+
+def test_train_flags_come_from_the_environment(monkeypatch):
+    import importlib
+
+    monkeypatch.setenv("TRAIN_FLAGS", "--config.model.scan_layers=True  --config.x='a b'")
+    try:
+        assert importlib.reload(device_report).TRAIN_FLAGS == [
+            "--config.model.scan_layers=True",
+            "--config.x=a b",
+        ]
+    finally:
+        monkeypatch.delenv("TRAIN_FLAGS")
+        assert importlib.reload(device_report).TRAIN_FLAGS == []
