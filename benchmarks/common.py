@@ -10,13 +10,14 @@ import functools
 import importlib.util
 import itertools
 import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from caliber_jax import host, hostmem
+from caliber_jax import cli, host, hostmem
 from caliber_jax.data import corpus, perturb, pipeline, teacher
 from caliber_jax.models import embedding, hf, qwen3
 
@@ -91,6 +92,20 @@ def load_config(path: str | os.PathLike):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.get_config()
+
+
+def run_main(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> None:
+    """A benchmark's `__main__`: a user error (a missing file, a bad value) is one line on stderr
+    and exit status 2, as in the entry points (`cli.guard`); `--traceback` shows the traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    traceback = "--traceback" in args
+    try:
+        main([arg for arg in args if arg != "--traceback"])
+    except cli.USER_ERRORS as error:
+        if traceback:
+            raise
+        print(cli.format_error(error), file=sys.stderr, flush=True)
+        sys.exit(cli.EXIT_USER_ERROR)
 
 
 def add_host_malloc_flag(parser: argparse.ArgumentParser) -> None:

@@ -52,14 +52,14 @@ def measure(model_dir: str, *, layers: int, scan: bool, batch: int, length: int,
     return dict(trace=t1 - t0, lower=t2 - t1, compile=t3 - t2, step=(t5 - t4) / repeats)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", default=None, help="default: all-MiniLM-L6-v2 from PyPI")
     parser.add_argument("--layers", default="3,6")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model_dir = args.model_dir or str(common.minilm_dir())
     print(f"cpu_flags={common.cpu_description()} devices={jax.devices()}")
     for layers in map(int, args.layers.split(",")):
@@ -71,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_main(main)

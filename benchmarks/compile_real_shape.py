@@ -367,4 +367,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_main(main)

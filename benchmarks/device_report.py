@@ -395,4 +395,4 @@ def _finite(value) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_main(main)

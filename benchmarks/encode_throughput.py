@@ -328,4 +328,4 @@ def _flat_shapes(params) -> dict[str, np.ndarray]:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_main(main)

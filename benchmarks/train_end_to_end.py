@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import cli, embed_teacher, tokenization  # noqa: E402
+from caliber_jax import embed_teacher, tokenization  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 
 REPO_ROOT = common.REPO_ROOT
@@ -330,8 +330,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except cli.USER_ERRORS as error:
-        print(cli.format_error(error), file=sys.stderr)
-        sys.exit(cli.EXIT_USER_ERROR)
+    common.run_main(main)

@@ -648,4 +648,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_main(main)

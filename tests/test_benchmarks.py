@@ -388,6 +388,21 @@ def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
     assert float(lines[-1].split("=")[1]) == pytest.approx(ratio, rel=1e-2)
 
 
+@pytest.mark.parametrize("module", [train_throughput, encode_throughput])
+def test_a_missing_filings_file_is_one_line_and_status_2(capsys, tmp_path, module):
+    # As a fresh clone without ../shared meets the default path: one line, no traceback.
+    missing = tmp_path / "none" / "filings.jsonl.gz"
+    with pytest.raises(SystemExit) as exit_info:
+        common.run_main(module.main, ["--preset", "cpu-minilm", "--filings", str(missing)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and str(missing) in err and "\n" not in err
+    # --traceback shows the error itself.
+    with pytest.raises(FileNotFoundError):
+        common.run_main(module.main, ["--preset", "cpu-minilm", "--filings", str(missing),
+                                      "--traceback"])  # fmt: skip
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_compile_depth_measures_every_phase(minilm_dir, scan):
     times = compile_depth.measure(
