@@ -59,6 +59,8 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     report = json.loads((tmp_path / "out" / "device_report.json").read_text())
     assert report["rehearsal"] is True
     assert report["commit"] not in ("", "unknown") and report["date"].endswith("Z")
+    # The settings every part ran under (inherited XLA flags, no extra train flags here).
+    assert report["xla_flags"] == env.get("XLA_FLAGS", "") and report["train_flags"] == []
     assert list(report["parts"]) == list(device_report.REQUIRED)
     for name, keys in device_report.REQUIRED.items():
         part = report["parts"][name]
