@@ -14,15 +14,10 @@ DIST := $(if $(filter 0,$(TEST_WORKERS)),,--dist loadscope --no-loadscope-reorde
 
 .PHONY: install test demo clean-runs
 
-# --no-compile: Python writes the bytecode of the modules it imports when it first imports them,
-# instead of pip compiling every installed file (torch, transformers, jax: 92 -> 61 s of install
-# on a 2-core AMD Zen 4 with a warm pip cache; docs/benchmarks_history.md, session 28).
-PIP_INSTALL := $(BIN)/python -m pip install -q --disable-pip-version-check --no-compile
-
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e ".[test]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]"
 	@touch $(STAMP)
 
 install: $(STAMP)
