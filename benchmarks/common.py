@@ -104,8 +104,7 @@ def run_main(main: Callable[[list[str]], object], argv: Sequence[str] | None = N
     except cli.USER_ERRORS as error:
         if traceback:
             raise
-        print(cli.format_error(error), file=sys.stderr, flush=True)
-        sys.exit(cli.EXIT_USER_ERROR)
+        cli.exit_with_one_line(error)
 
 
 def add_host_malloc_flag(parser: argparse.ArgumentParser) -> None:

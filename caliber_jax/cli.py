@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import app, flags, logging
 
@@ -142,6 +142,12 @@ def format_error(error: BaseException) -> str:
     return f"error: {message or type(error).__name__}"
 
 
+def exit_with_one_line(error: BaseException) -> NoReturn:
+    """The end of a run stopped by a user error: its one line on stderr, exit status 2."""
+    print(format_error(error), file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
 def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
     """Wraps an absl `main`: user errors become one line on stderr and exit status 2."""
 
@@ -152,8 +158,7 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
         except USER_ERRORS as error:
             if flags.FLAGS.traceback:
                 raise
-            print(format_error(error), file=sys.stderr, flush=True)
-            sys.exit(EXIT_USER_ERROR)
+            exit_with_one_line(error)
 
     return wrapped
 
@@ -216,8 +221,7 @@ def run(main: Callable[[list[str]], Any]) -> None:
     try:
         hostmem.apply()
     except ValueError as error:
-        print(format_error(error), file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+        exit_with_one_line(error)
     define_flags()
     app.run(guard(main), flags_parser=parse_flags)
 
