@@ -30,15 +30,31 @@ def device_env(devices: int, env: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-# XLA reads its flags once, when this process's CPU client starts: the device count is set for
-# that moment only, so the processes the tests start do not inherit it, and flags given outside
-# (e.g. benchmarks/hold_avx2.sh's `--xla_cpu_max_isa=AVX2`, as an AVX2-only CPU runs) reach them
-# unchanged. (JAX's `jax_num_cpu_devices` setting instead ran tests/test_step.py 1.2x slower
-# here: 121 s vs 100 s.)
+def with_opt_level(flags: str | None, level: int) -> str:
+    """`flags` with XLA's LLVM optimisation level `level`, unless they already set one."""
+    flags = flags or ""
+    if "xla_backend_optimization_level" in flags:
+        return flags
+    return f"{flags} --xla_backend_optimization_level={level}".strip()
+
+
+# The tests' own XLA programs are compiled at LLVM optimisation level 0 instead of XLA's default:
+# the same HLO programs, so the same computation, in machine code that is faster to build and
+# slower to run. They are tiny and mostly compiled, not run: tests/test_step.py took 56 s instead
+# of 79 s on 2 cores. The entry points the tests launch keep XLA's default, as users run them:
+# they also run their steps, and there level 0 (1) made tests/test_sweep.py and
+# tests/mining/test_trainer.py 1.10x (1.05x) slower. Flags given outside that set a level win.
+IN_PROCESS_OPT_LEVEL = 0
+
+# XLA reads its flags once, when this process's CPU client starts: the device count (and the
+# in-process level) are set for that moment only, so the processes the tests start do not inherit
+# them, and flags given outside (e.g. benchmarks/hold_avx2.sh's `--xla_cpu_max_isa=AVX2`, as an
+# AVX2-only CPU runs) reach them unchanged. (JAX's `jax_num_cpu_devices` setting instead ran
+# tests/test_step.py 1.2x slower here: 121 s vs 100 s.)
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     _outside = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = device_env(8)["XLA_FLAGS"]
-    jax.devices()  # starts the backends (the CPU client among them) while the flag is set
+    os.environ["XLA_FLAGS"] = with_opt_level(device_env(8)["XLA_FLAGS"], IN_PROCESS_OPT_LEVEL)
+    jax.devices()  # starts the backends (the CPU client among them) while the flags are set
     if _outside is None:
         del os.environ["XLA_FLAGS"]
     else:

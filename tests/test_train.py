@@ -210,25 +210,40 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3, 0.75e-3, 0.75e-3], atol=1e-9)
 
 
+@pytest.fixture(scope="module")
+def packed_run(data_dir, tmp_path_factory):
+    """`packed_run(compile_ahead, split_update, grad_chunk_rows)`: the params and summary of a
+    finished run of TINY at batch 16 in packed rows on 2 devices, each setting trained once per
+    module (the compile-ahead and chunked-gradient comparisons share the plain one).
+
+    About one sequence per row, rounded up to a multiple of 2 devices (data parallel): the 16 x
+    and their pi(x) fill a row count that varies by step, so a run meets two or more step
+    programs. (2 devices, not the tests' 8: the same sharded programs, built ~30% faster.)"""
+    root = tmp_path_factory.mktemp("packed")
+    done = {}
+
+    def run(ahead: bool, split: bool, rows: int):
+        if (ahead, split, rows) not in done:
+            workdir = root / f"ahead_{ahead}_split_{split}_chunks_{rows}"
+            result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
+                           f"--config.split_update={split}", f"--config.grad_chunk_rows={rows}",
+                           "--config.batch_size=16", "--config.data.pack_length=48",
+                           devices=2)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+            summary = json.loads((workdir / "summary.json").read_text())
+            params = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0])
+            done[(ahead, split, rows)] = params, summary, workdir
+        return done[(ahead, split, rows)]
+
+    return run
+
+
 @pytest.mark.slow(40)
 @pytest.mark.parametrize("split", [True, False])
-def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
+def test_compile_ahead_trains_the_same_params(packed_run, split):
     """Programs built on the compile-ahead thread are the programs jit builds: same params (for
     the one-program step and for the split one, whose gradient half is built ahead)."""
-    runs = {}
-    for ahead in (True, False):
-        workdir = tmp_path / f"ahead_{ahead}"
-        # About one sequence per row, rounded up to a multiple of 2 devices (data parallel): the
-        # 16 x and their pi(x) fill a row count that varies by step, so the run meets two or
-        # more step programs. (2 devices, not the tests' 8: the same sharded programs, built
-        # ~30% faster.)
-        result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
-                       f"--config.split_update={split}", "--config.grad_chunk_rows=0",
-                       "--config.batch_size=16", "--config.data.pack_length=48",
-                       devices=2)  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        summary = json.loads((workdir / "summary.json").read_text())
-        runs[ahead] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
+    runs = {ahead: packed_run(ahead, split, 0)[:2] for ahead in (True, False)}
     (params_on, on), (params_off, off) = runs[True], runs[False]
     assert on["compile/step_programs"] == off["compile/step_programs"] >= 2
     assert 1 <= on["compile/step_programs_ahead"] <= on["compile/step_programs"]
@@ -237,28 +252,21 @@ def test_compile_ahead_trains_the_same_params(data_dir, tmp_path, split):
         np.testing.assert_array_equal(params_on[name], params_off[name], err_msg=name)
 
 
-@pytest.mark.slow(40)
-def test_chunked_gradients_train_the_same_params(data_dir, tmp_path):
+@pytest.mark.slow(20)
+def test_chunked_gradients_train_the_same_params(packed_run):
     """`grad_chunk_rows` (the demo's default): the packed rows in groups of 8 (2 devices, data
     parallel) train the params of one program per row count (tests/test_grad_chunks.py: with
-    programs that do not change with the row count)."""
-    runs = {}
-    for rows in (8, 0):
-        workdir = tmp_path / f"chunks_{rows}"
-        result = train(data_dir, workdir, f"--config.grad_chunk_rows={rows}",
-                       "--config.batch_size=16", "--config.data.pack_length=48",
-                       devices=2)  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        summary = json.loads((workdir / "summary.json").read_text())
-        runs[rows] = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0]), summary
-    (params_chunked, chunked), (params_whole, whole) = runs[8], runs[0]
+    programs that do not change with the row count). The whole-batch run is the demo's split
+    step without compile-ahead, the one test_compile_ahead_trains_the_same_params[True] trains."""
+    runs = {rows: packed_run(False, True, rows) for rows in (8, 0)}
+    (params_chunked, chunked, _), (params_whole, whole, _) = runs[8], runs[0]
     assert chunked["compile/step_programs"] == whole["compile/step_programs"] >= 2  # row counts
     # The gradients: their global norm at every step (log_every = 1), relative. Step 1 starts
     # from the same params, so only the summation order differs; later steps also carry the
     # runs' (tiny) parameter differences. A gradient scaled by c moves every norm by c, a dropped
     # or doubled group by O(1): the parameter comparison below cannot see a uniform scale, since
     # Adam (and clipping) divide it out.
-    logs = {rows: step_metrics(tmp_path / f"chunks_{rows}") for rows in runs}
+    logs = {rows: step_metrics(workdir) for rows, (_, _, workdir) in runs.items()}
     assert [row["step"] for row in logs[0]] == [1, 2, 3, 4, 5, 6]
     gaps = relative_gaps(logs[8], logs[0], "train/grad_norm")
     losses = relative_gaps(logs[8], logs[0], "train/loss")
