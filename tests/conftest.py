@@ -51,8 +51,8 @@ IN_PROCESS_OPT_LEVEL = 0
 # them, and flags given outside (e.g. benchmarks/hold_avx2.sh's `--xla_cpu_max_isa=AVX2`, as an
 # AVX2-only CPU runs) reach them unchanged. (JAX's `jax_num_cpu_devices` setting instead ran
 # tests/test_step.py 1.2x slower here: 121 s vs 100 s.)
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    _outside = os.environ.get("XLA_FLAGS")
+_outside = os.environ.get("XLA_FLAGS")
+if "xla_force_host_platform_device_count" not in (_outside or ""):
     os.environ["XLA_FLAGS"] = with_opt_level(device_env(8)["XLA_FLAGS"], IN_PROCESS_OPT_LEVEL)
     jax.devices()  # starts the backends (the CPU client among them) while the flags are set
     if _outside is None:
