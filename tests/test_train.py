@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -210,11 +211,17 @@ def test_accumulation_counts_updates(data_dir, tmp_path):
     np.testing.assert_allclose(lrs, [0.0, 0.0, 1e-3, 1e-3, 0.75e-3, 0.75e-3], atol=1e-9)
 
 
+class PackedRun(NamedTuple):
+    params: dict[str, np.ndarray]
+    summary: dict
+    workdir: Path
+
+
 @pytest.fixture(scope="module")
 def packed_run(data_dir, tmp_path_factory):
-    """`packed_run(compile_ahead, split_update, grad_chunk_rows)`: the params and summary of a
-    finished run of TINY at batch 16 in packed rows on 2 devices, each setting trained once per
-    module (the compile-ahead and chunked-gradient comparisons share the plain one).
+    """`packed_run(compile_ahead, split_update, grad_chunk_rows)`: a finished run of TINY at
+    batch 16 in packed rows on 2 devices, each setting trained once per module (the compile-ahead
+    and chunked-gradient comparisons share the plain one).
 
     About one sequence per row, rounded up to a multiple of 2 devices (data parallel): the 16 x
     and their pi(x) fill a row count that varies by step, so a run meets two or more step
@@ -222,7 +229,7 @@ def packed_run(data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("packed")
     done = {}
 
-    def run(ahead: bool, split: bool, rows: int):
+    def run(ahead: bool, split: bool, rows: int) -> PackedRun:
         if (ahead, split, rows) not in done:
             workdir = root / f"ahead_{ahead}_split_{split}_chunks_{rows}"
             result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
@@ -232,7 +239,7 @@ def packed_run(data_dir, tmp_path_factory):
             assert result.returncode == 0, result.stderr[-3000:]
             summary = json.loads((workdir / "summary.json").read_text())
             params = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0])
-            done[(ahead, split, rows)] = params, summary, workdir
+            done[(ahead, split, rows)] = PackedRun(params, summary, workdir)
         return done[(ahead, split, rows)]
 
     return run
@@ -243,8 +250,9 @@ def packed_run(data_dir, tmp_path_factory):
 def test_compile_ahead_trains_the_same_params(packed_run, split):
     """Programs built on the compile-ahead thread are the programs jit builds: same params (for
     the one-program step and for the split one, whose gradient half is built ahead)."""
-    runs = {ahead: packed_run(ahead, split, 0)[:2] for ahead in (True, False)}
-    (params_on, on), (params_off, off) = runs[True], runs[False]
+    (params_on, on, _), (params_off, off, _) = (
+        packed_run(ahead, split, 0) for ahead in (True, False)
+    )
     assert on["compile/step_programs"] == off["compile/step_programs"] >= 2
     assert 1 <= on["compile/step_programs_ahead"] <= on["compile/step_programs"]
     assert off["compile/step_programs_ahead"] == 0
@@ -266,7 +274,7 @@ def test_chunked_gradients_train_the_same_params(packed_run):
     # runs' (tiny) parameter differences. A gradient scaled by c moves every norm by c, a dropped
     # or doubled group by O(1): the parameter comparison below cannot see a uniform scale, since
     # Adam (and clipping) divide it out.
-    logs = {rows: step_metrics(workdir) for rows, (_, _, workdir) in runs.items()}
+    logs = {rows: step_metrics(run.workdir) for rows, run in runs.items()}
     assert [row["step"] for row in logs[0]] == [1, 2, 3, 4, 5, 6]
     gaps = relative_gaps(logs[8], logs[0], "train/grad_norm")
     losses = relative_gaps(logs[8], logs[0], "train/loss")
