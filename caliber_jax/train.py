@@ -27,6 +27,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from caliber_jax import (
     checkpoint,
@@ -46,22 +47,27 @@ from caliber_jax.models import embedding
 
 
 class TokenizeFn:
-    """Picklable `tokenize_fn` for the pipeline: loads the tokenizer lazily, one per thread.
+    """Picklable `tokenize_fn` for the pipeline: one tokenizer (the one given, or loaded on first
+    use) shared by the loader's threads.
 
     A fast tokenizer keeps its truncation length as state (`enable_truncation`), so two threads
-    sharing one (the loader's prefetch tokenizing passages at `max_length` while another batch's
-    queries are tokenized at `query_length`) can truncate each other's texts: each thread gets
-    its own."""
+    tokenizing at different lengths (the loader's passages at `max_length`, another batch's
+    queries at `query_length`) could truncate each other's texts: `tokenization.tokenize` makes
+    the calls one at a time. One tokenizer, not one per thread: Qwen3's (151K tokens) takes ~1.2 s
+    of CPU to load, and four loader threads each loading their own held the first batch of
+    configs/caliber.py back by ~4 s on 2 cores."""
 
-    def __init__(self, tokenizer_dir: str):
+    def __init__(self, tokenizer_dir: str, tokenizer: PreTrainedTokenizerBase | None = None):
         self.tokenizer_dir = tokenizer_dir
-        self._local = threading.local()
+        self._tokenizer = tokenizer
+        self._load_lock = threading.Lock()
 
     def __call__(self, texts: list[str], max_length: int) -> list[list[int]]:
-        tokenizer = getattr(self._local, "tokenizer", None)
-        if tokenizer is None:
-            tokenizer = self._local.tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
-        return tokenization.tokenize(tokenizer, texts, max_length=max_length)
+        if self._tokenizer is None:
+            with self._load_lock:
+                if self._tokenizer is None:
+                    self._tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
+        return tokenization.tokenize(self._tokenizer, texts, max_length=max_length)
 
     def __getstate__(self):
         return {"tokenizer_dir": self.tokenizer_dir}
@@ -423,8 +429,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     marks.append(("weights", time.perf_counter()))
     dim = spec.out_dim or spec.config.width
     tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
-    tokenize_fn = TokenizeFn(tokenizer_dir)
     tokenizer = tokenization.load_tokenizer(tokenizer_dir)
+    tokenize_fn = TokenizeFn(tokenizer_dir, tokenizer)
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else spec.config.pad_token_id
     )
