@@ -11,6 +11,7 @@ error instead of one line). absl's `--verbosity` turns INFO logging back on.
 
 import json
 import os
+import pkgutil
 import sys
 import threading
 import time
@@ -41,15 +42,29 @@ def default_cache_dir() -> str:
     return os.path.join(root, "caliber_jax", "xla")
 
 
+def gpu_plugin_installed() -> bool:
+    """Whether jaxlib's CUDA or ROCm plugin is installed (found without starting a backend, so
+    before `jax.distributed.initialize`)."""
+    try:
+        import jax_plugins
+    except ImportError:
+        return False
+    names = (module.name for module in pkgutil.iter_modules(jax_plugins.__path__))
+    return any(name.startswith(("xla_cuda", "xla_rocm")) for name in names)
+
+
 def enable_compilation_cache(cache_dir: str | None) -> None:
     """Turns on JAX's persistent compilation cache in `cache_dir` (None or "none": off).
 
     Every program is cached, however fast it compiled: on a CPU most step programs compile in a
-    few seconds, below JAX's default one-second-and-up threshold only in aggregate. On a GPU, XLA's
-    autotuner keeps its per-fusion results in the same directory
+    few seconds, below JAX's default one-second-and-up threshold only in aggregate. Where a GPU
+    plugin is installed, XLA's autotuner keeps its per-fusion results in the same directory
     (`xla_gpu_per_fusion_autotune_cache_dir/`), so a program that is not in the cache (a new
     batch shape, another lambda or model depth) still skips timing the kernels it shares with one
-    that was; set here rather than left to JAX's default, which may change.
+    that was; set here rather than left to JAX's default, which may change. That setting puts the
+    directory's path into every program's cache key, so such a cache moved or copied elsewhere
+    is read as empty; without a GPU plugin (CPU, TPU) there is no autotuner, it is off, and the
+    cache is read at any path.
     """
     import jax
 
@@ -58,9 +73,8 @@ def enable_compilation_cache(cache_dir: str | None) -> None:
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update(
-        "jax_persistent_cache_enable_xla_caches", "xla_gpu_per_fusion_autotune_cache_dir"
-    )
+    autotune = "xla_gpu_per_fusion_autotune_cache_dir" if gpu_plugin_installed() else "none"
+    jax.config.update("jax_persistent_cache_enable_xla_caches", autotune)
 
 
 class CompileStats:
