@@ -14,7 +14,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -47,8 +46,8 @@ from caliber_jax.models import embedding
 
 
 class TokenizeFn:
-    """Picklable `tokenize_fn` for the pipeline: one tokenizer (the one given, or loaded on first
-    use) shared by the loader's threads.
+    """Picklable `tokenize_fn` for the pipeline: one tokenizer (the one given, or loaded from
+    `tokenizer_dir`, as again in each process it is unpickled in) shared by the loader's threads.
 
     A fast tokenizer keeps its truncation length as state (`enable_truncation`), so two threads
     tokenizing at different lengths (the loader's passages at `max_length`, another batch's
@@ -59,15 +58,12 @@ class TokenizeFn:
 
     def __init__(self, tokenizer_dir: str, tokenizer: PreTrainedTokenizerBase | None = None):
         self.tokenizer_dir = tokenizer_dir
-        self._tokenizer = tokenizer
-        self._load_lock = threading.Lock()
+        if tokenizer is None:
+            tokenizer = tokenization.load_tokenizer(tokenizer_dir)
+        self.tokenizer = tokenizer
 
     def __call__(self, texts: list[str], max_length: int) -> list[list[int]]:
-        if self._tokenizer is None:
-            with self._load_lock:
-                if self._tokenizer is None:
-                    self._tokenizer = tokenization.load_tokenizer(self.tokenizer_dir)
-        return tokenization.tokenize(self._tokenizer, texts, max_length=max_length)
+        return tokenization.tokenize(self.tokenizer, texts, max_length=max_length)
 
     def __getstate__(self):
         return {"tokenizer_dir": self.tokenizer_dir}
