@@ -97,9 +97,11 @@ REQUIRED = {
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
 # Session 27's H200: setup 28 s, student_cudnn 108 s (81 s of it compiling), the scanned worst
-# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts.
+# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts. Session 31's: the 8B
+# encode 46 s, the scanned step 104 s, student_xla with PyTorch 127 s, the packed step compiled
+# in 127 s (stopped at 150 s before its timed steps).
 LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 140, "student_cudnn_scan": 110,
-          "student_packed": 150, "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
+          "student_packed": 190, "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
           "student_xla": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)

@@ -11,7 +11,10 @@
 #   bash benchmarks/gpu_on_device.sh [SECONDS] # SECONDS: all of it (default 480); JSON in $OUT
 #   # A device session has 900 s: session 27 ran `... 570` (timeout_s 590; the machine started in
 #   # ~30 s), then, on the still-warm machine whose /tmp/device_report kept the setup, the parts
-#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`.
+#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`. Session 31
+#   # (the machine goes back after 30 s idle: start the second call at once): `PARTS=setup,
+#   # teacher_8b_encode,student_cudnn,student_cudnn_scan,train_cold ... 570`, then
+#   # `PARTS=train_warm,student_packed,student_xla ... 390` (781 s of device time in all).
 #
 # CPU rehearsal (tests/test_device_report.py): CALIBER_DEVICE_REHEARSAL=1 PYTHON=.venv/bin/python
 # FILINGS=data/sample/filings.jsonl.gz bash benchmarks/gpu_on_device.sh: the same parts with a
