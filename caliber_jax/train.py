@@ -7,6 +7,7 @@ trains the student with the jit-compiled, data-parallel step of `caliber_jax.ste
 TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
+import contextlib
 import functools
 import itertools
 import json
@@ -506,54 +507,56 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         keep_period=config.keep_period,
     )
     # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
-    if manager.latest_step() is not None:
-        state, start = checkpoint.restore(manager, abstract, data_iter)
-        # A stage line, not INFO logging: resuming is what a user must see even when quiet.
-        print(f"[caliber_jax] resumed from {manager.directory} at step {start}", file=sys.stderr)
-    else:
-        state, start = init_fn(sharding.put_sharded(params, state_shardings.params)), 0
-    del params
-    marks.append(("train state", time.perf_counter()))
+    latest = manager.latest_step()
+    with contextlib.ExitStack() as cleanup:
+        if path.compile_ahead:
+            # Before the state is built (restored or initialised), the validation inputs and the
+            # writer: the first step's program compiles beside them, from the state's shapes.
+            batch_fn = pipeline.make_batch_fn(
+                train_source,
+                **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
+                                process_rows=process_rows, lengths=lengths),
+            )  # fmt: skip
+            walk = ((batch_fn.geometry(i), i) for i in range(latest or 0, steps))
+            train_fn.start_compile_ahead(walk, batch_fn, abstract)
+        cleanup.callback(train_fn.close)  # however train() ends, no compile outlives it
+        if latest is not None:
+            state, start = checkpoint.restore(manager, abstract, data_iter, step=latest)
+            # A stage line, not INFO logging: resuming is what a user must see even when quiet.
+            print(f"[caliber_jax] resumed from {manager.directory} at step {start}",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            state, start = init_fn(sharding.put_sharded(params, state_shardings.params)), 0
+        del params
+        marks.append(("train state", time.perf_counter()))
 
-    val_factory = None
-    if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
-        val_source = make_source(config, "val", dim, neighbour_source=train_source)
-        val_factory = functools.partial(
-            make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
-            process_rows=process_rows,
-            lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length,
-                                   cache=lengths_cache(config, "val", tokenizer_dir)),
-        )  # fmt: skip
+        val_factory = None
+        if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
+            val_source = make_source(config, "val", dim, neighbour_source=train_source)
+            val_factory = functools.partial(
+                make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
+                process_rows=process_rows,
+                lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length,
+                                       cache=lengths_cache(config, "val", tokenizer_dir)),
+            )  # fmt: skip
 
-    # tensorboardX writes gs:// and s3:// logdirs itself.
-    writer = (
-        MetricsWriter(workdir, tensorboard=config.get("tensorboard", True))
-        if jax.process_index() == 0
-        else None
-    )
-    if path.compile_ahead:
-        # The loader's step i batch, built again on the compile thread for each new shape.
-        batch_fn = pipeline.make_batch_fn(
-            train_source,
-            **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
-                            process_rows=process_rows, lengths=lengths),
-        )  # fmt: skip
-        walk = ((batch_fn.geometry(i), i) for i in range(start, steps))
-        train_fn.start_compile_ahead(walk, batch_fn, abstract)
-    sigterm = SigtermFlag()
-    # A run that stops making progress (a deadlocked collective) dumps its stacks and exits
-    # watchdog.EXIT_STALLED instead of hanging.
-    stall = watchdog.StepWatchdog(
-        factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
-    ).start()
-    try:
+        # tensorboardX writes gs:// and s3:// logdirs itself.
+        writer = (
+            MetricsWriter(workdir, tensorboard=config.get("tensorboard", True))
+            if jax.process_index() == 0
+            else None
+        )
+        sigterm = SigtermFlag()
+        # A run that stops making progress (a deadlocked collective) dumps its stacks and exits
+        # watchdog.EXIT_STALLED instead of hanging.
+        stall = watchdog.StepWatchdog(
+            factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
+        ).start()
+        cleanup.callback(stall.close)
         summary = _loop(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
             val_factory, sigterm, stall, marks,
         )  # fmt: skip
-    finally:
-        stall.close()
-        train_fn.close()
     manager.close()
     if writer is not None:
         writer.close()
