@@ -1,4 +1,5 @@
-"""The demo config's own step with 2 processes x 2 CPU devices: packed rows, chunked gradients.
+"""The demo config's own step with 2 processes x 2 CPU devices: packed rows, chunked gradients,
+against 1 process x 4 devices (the packed layout's multi-process parity).
 
 Issue #34: this deadlocked within a few steps (every thread of both processes asleep, the
 launcher waiting forever). Only the data, the step count and the depth differ from
@@ -14,6 +15,7 @@ import json
 
 import pytest
 
+from tests.conftest import relative_gaps, step_metrics
 from tests.multiprocess.conftest import flat_params, launch, max_abs_diff, module
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(80)]
@@ -62,6 +64,16 @@ def test_the_demo_step_finishes_with_two_processes(runs):
 
 
 def test_two_processes_match_one_with_chunked_gradients(runs):
+    # The gradients first, at the logged steps (every 5th: more frequent logging would wait for
+    # each step, which hid the deadlock): the loss and the gradient's global norm, relative. A row
+    # lost or counted twice moves them by O(1/rows), a gradient scaled by c moves the norm by c
+    # (which Adam divides out of the parameters below).
+    logs = {processes: step_metrics(runs[processes][0]) for processes in (2, 1)}
+    assert [row["step"] for row in logs[1]] == [5, 8]
+    for key in ("train/grad_norm", "train/loss"):
+        gaps = relative_gaps(logs[2], logs[1], key)
+        print(f"demo step, chunked: {key} relative gaps {[f'{gap:.2g}' for gap in gaps]}")
+        assert max(gaps) <= 1e-5, (key, gaps)
     two, _ = flat_params(runs[2][0])
     one, _ = flat_params(runs[1][0])
     assert "in_order=True" in runs[1][1]  # 1 x 4 deadlocked as well without it

@@ -1,9 +1,10 @@
 """Training with 2 JAX processes x 2 CPU devices against 1 process x 4 devices.
 
-Parity for both pi(x) layouts, kill -9 of one process then a restart of both (bit-identical to an
-uninterrupted run), SIGTERM to one process (all agree on a step, checkpoint and exit 75), and the
-2-process checkpoint exported by a single process. The 2-process stacked run uses `file://` URLs
-for its work and data directories, so train, checkpoint and export go through epath end to end.
+Parity for both pi(x) layouts (packed rows: test_chunked.py), kill -9 of one process then a
+restart of both (bit-identical to an uninterrupted run), SIGTERM to one process (all agree on a
+step, checkpoint and exit 75), and the 2-process checkpoint exported by a single process. The
+2-process stacked run uses `file://` URLs for its work and data directories, so train, checkpoint
+and export go through epath end to end.
 """
 
 import json
@@ -33,8 +34,9 @@ from tests.multiprocess.conftest import (
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(180)]
 COMPACT = "--config.data.pert_rows_multiple=2"  # P per process: a multiple of its 2 devices
-PACKED = "--config.data.pack_length=48"  # rows of max_length tokens, row count a multiple of 8
-LAYOUTS = {"stacked": [], "compact": [COMPACT], "packed": [PACKED]}
+# The packed layout (with its chunked step) is tests/multiprocess/test_chunked.py's, at the demo
+# config's own settings.
+LAYOUTS = {"stacked": [], "compact": [COMPACT]}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,7 @@ def runs(data_dir, tmp_path_factory):
     """Finished runs: {(processes, layout): workdir}; the 2-process stacked one via file:// URLs."""
     root = tmp_path_factory.mktemp("runs")
     done = {}
-    for layout in ("stacked", "compact", "packed"):
+    for layout in LAYOUTS:
         # A layout's 2-process run and its 1-process reference side by side: most of a tiny
         # run is single-threaded (imports, tracing, compiling), which the other run fills.
         started = []
@@ -76,14 +78,13 @@ def test_two_processes_match_one(runs, layout):
     assert step_two == step_one == 6
     diff = max_abs_diff(two, one)
     print(f"{layout}: max |2x2 - 1x4| over all params = {diff:.3g}")
-    # 2 x 2 and 1 x 4 add the same row gradients in another order (the packed layout's chunked
-    # step groups each process's rows). Adam divides each gradient by its own RMS, so where the
-    # exact gradient is ~0 (rare tokens' embedding rows, BERT's key bias) the rounding noise
-    # becomes an update of a visible fraction of lr: after 6 steps at lr 1e-3, 4.6e-6 (compact) and
-    # 1.4e-5 (packed) on X1, 1.24e-5 (compact, word embeddings) with XLA's oneDNN calls held to
-    # AVX2 as well (ONEDNN_MAX_CPU_ISA=AVX2; packed: 2.3e-5). So every element within a tenth
-    # of lr, as tests/test_train.py's chunked gradients; a row lost or counted twice moves params
-    # by ~lr, and the gradients above agree to 1e-5.
+    # 2 x 2 and 1 x 4 add the same row gradients in another order. Adam divides each gradient by
+    # its own RMS, so where the exact gradient is ~0 (rare tokens' embedding rows, BERT's key bias)
+    # the rounding noise becomes an update of a visible fraction of lr: after 6 steps at lr 1e-3,
+    # 4.6e-6 (compact) and 1.4e-5 (packed, when this module ran it) on X1, 1.24e-5 (compact, word
+    # embeddings) with XLA's oneDNN calls held to AVX2 as well (ONEDNN_MAX_CPU_ISA=AVX2; packed:
+    # 2.3e-5). So every element within a tenth of lr, as tests/test_train.py's chunked gradients;
+    # a row lost or counted twice moves params by ~lr, and the gradients above agree to 1e-5.
     assert diff <= 0.1 * LR
     start = flatten_init(runs[(1, layout)])
     assert max_abs_diff(one, start) > 1e-4  # the runs trained
