@@ -67,21 +67,25 @@ def _hf_layer(config, index: int):
 
 
 def _our_layer_params(layer, state):
-    """Our layer's state (`nnx.split` of an abstract Qwen3DecoderLayer) holding `layer`'s weights:
-    linear kernels transposed ([in, out]), norm weights as they are."""
+    """Our layer's state (`nnx.split` of an abstract Qwen3DecoderLayer) holding `layer`'s weights,
+    renamed and transposed by the per-layer rows of the checkpoint loader's own table
+    (`hf.QWEN3_TABLE`); a weight it leaves out stays abstract and fails the first layer's call."""
     from flax import nnx
 
+    from caliber_jax.models import hf
+
+    weights = {name: value.numpy() for name, value in layer.state_dict().items()}
     pure = nnx.to_pure_dict(state)
-    for name, value in layer.state_dict().items():
-        *path, leaf = name.split(".")
+    for hf_template, our_template, transform in hf.QWEN3_TABLE:
+        hf_name = hf_template.format(i=0).removeprefix("layers.0.")
+        if "{i}" not in hf_template or hf_name not in weights:
+            continue  # the embedding and final norm; attention biases (none in Qwen3)
+        value = weights[hf_name].T if transform == "transpose" else weights[hf_name]
+        *path, leaf = our_template.format(i=0).removeprefix("layers.0.").split(".")
         node = pure
         for key in path:
             node = node[key]
-        array = value.numpy()
-        if leaf == "weight" and array.ndim == 2:
-            node["kernel"] = array.T.copy()
-        else:
-            node[leaf] = array.copy()
+        node[leaf] = value.copy()
     nnx.replace_by_pure_dict(state, pure)
     return state
 
