@@ -160,6 +160,20 @@ def filing_passages() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def financebench_third(tmp_path_factory) -> Path:
+    """The first 50 of the bundled sample's 150 FinanceBench questions (59 of its 180 evidence
+    passages), for the tests that run a whole study or sweep: their subject is the pipeline's
+    bookkeeping, the same at any corpus size, and every model they score encodes a third of the
+    texts."""
+    with gzip.open(SAMPLE_FINANCEBENCH, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()[:50]
+    path = tmp_path_factory.mktemp("financebench") / "financebench_first50.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
 def qwen_tokenizer_dir(tmp_path_factory) -> Path:
     """The offline Qwen3 tokenizer written once per session."""
     from caliber_jax import tokenization

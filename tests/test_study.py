@@ -11,10 +11,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow(60)
-def test_study_smoke_runs_every_stage(tmp_path):
+def test_study_smoke_runs_every_stage(tmp_path, financebench_third):
     out = tmp_path / "smoke"
     result = subprocess.run(
-        [sys.executable, "scripts/study.py", "--preset", "smoke", "--output", str(out)],
+        [sys.executable, "scripts/study.py", "--preset", "smoke", "--output", str(out),
+         f"--financebench={financebench_third}"],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -72,7 +73,7 @@ def test_demo_epilogue_quotes_the_docs_figures():
 
 
 @pytest.mark.slow(100)
-def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
+def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, financebench_third):
     """`--preset numeric` (issue #16) on the bundled sample, cut down by `--overrides`: the model
     calibrating itself, LEAF and eq. 4 beside the recipe, every model scored at 128 tokens."""
     out = tmp_path / "numeric"
@@ -86,7 +87,8 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "scripts/study.py", "--preset", "numeric", "--output", str(out),
-         "--filings", "data/sample/filings.jsonl.gz", f"--overrides={overrides}"],
+         "--filings", "data/sample/filings.jsonl.gz", f"--financebench={financebench_third}",
+         f"--overrides={overrides}"],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -202,7 +202,7 @@ def test_derived_points_and_keep_period(sweep):
 
 
 @pytest.mark.slow(80)
-def test_sweep_runs_trains_and_scores_derived_points(tmp_path):
+def test_sweep_runs_trains_and_scores_derived_points(tmp_path, financebench_third):
     """The whole sweep on the bundled sample: teacher, one trained point, a mid-run checkpoint
     and a weight-space blend, each scored by `caliber_jax.evaluate` (about a minute). The student
     keeps 1 of the teacher's 6 layers and every model is scored at 64 tokens: the sweep's
@@ -218,6 +218,7 @@ def test_sweep_runs_trains_and_scores_derived_points(tmp_path):
         sys.executable, "scripts/sweep.py", "--config", "configs/calibrate.py", "--grid", "smoke",
         "--output", str(out), "--record", str(tmp_path / "record"), "--checkpoints", "1",
         "--interpolate", "0.5", "--eval_max_length=64", f"--overrides={overrides}",
+        f"--financebench={financebench_third}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ""}
     subprocess.run(command, cwd=REPO, check=True, env=env, timeout=900)

@@ -8,7 +8,6 @@ nDCG@k, Recall@k and MAP@k come from `pytrec_eval` (trec_eval's `ndcg_cut`, `rec
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import bm25s
 import numpy as np
 import pytrec_eval
 
@@ -206,6 +205,8 @@ def bm25_run(
     Returns:
       A run {qid: {doc id: score}} with min(top_k, len(corpus)) docs per query.
     """
+    import bm25s  # here, not at the top: every `caliber_jax.evaluate` launch would pay ~0.2 s
+
     doc_ids = list(corpus)
     retriever = bm25s.BM25()
     corpus_tokens = bm25s.tokenize(
