@@ -121,6 +121,28 @@ def slow_seconds(items) -> dict[str, float]:
     return seconds
 
 
+# The numeric libraries' instruction-set limits (benchmarks/hold_avx2.sh sets them all).
+HELD_ISA = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+
+
+def machine_line(environ=None, cpuinfo="/proc/cpuinfo") -> str:
+    """The machine a run took its time on: the CPU (model, usable cores, vector flags) and the
+    instruction-set limits given outside. The suite's wall time differs ~2x between 2-core
+    machines, so a log that states it says where."""
+    from benchmarks import common
+
+    environ = os.environ if environ is None else environ
+    held = [f"{key}={environ[key]}" for key in HELD_ISA if environ.get(key)]
+    limits = " ".join([f"XLA_FLAGS={environ['XLA_FLAGS']!r}"] if environ.get("XLA_FLAGS") else [])
+    limits = " ".join(filter(None, [limits, *held])) or "none"
+    return f"machine: {common.cpu_description(cpuinfo)}; limits given outside: {limits}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`make test`'s last lines name the machine beside the wall time (shown under -q too)."""
+    terminalreporter.write_line(machine_line({**os.environ, "XLA_FLAGS": _outside or ""}))
+
+
 def pytest_collection_modifyitems(config, items):
     """Modules with the most `slow` seconds first, the rest in their order. `make test` hands
     whole modules to its pytest-xdist workers in this order (`--dist loadscope
