@@ -138,6 +138,7 @@ def machine_line(environ=None, cpuinfo="/proc/cpuinfo") -> str:
     return f"machine: {common.cpu_description(cpuinfo)}; limits given outside: {limits}"
 
 
+@pytest.hookimpl(trylast=True)  # after the slowest-tests list, just before the count and time
 def pytest_terminal_summary(terminalreporter):
     """`make test`'s last lines name the machine beside the wall time (shown under -q too)."""
     terminalreporter.write_line(machine_line({**os.environ, "XLA_FLAGS": _outside or ""}))
