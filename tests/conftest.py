@@ -121,21 +121,21 @@ def slow_seconds(items) -> dict[str, float]:
     return seconds
 
 
-# The numeric libraries' instruction-set limits (benchmarks/hold_avx2.sh sets them all).
-HELD_ISA = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+# The numeric libraries' instruction-set limits, as benchmarks/hold_avx2.sh sets them all.
+HELD_ISA = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY",
+            "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES")  # fmt: skip
 
 
-def machine_line(environ=None, cpuinfo="/proc/cpuinfo") -> str:
+def machine_line(environ, cpuinfo="/proc/cpuinfo") -> str:
     """The machine a run took its time on: the CPU (model, usable cores, vector flags) and the
     instruction-set limits given outside. The suite's wall time differs ~2x between 2-core
     machines, so a log that states it says where."""
     from benchmarks import common
 
-    environ = os.environ if environ is None else environ
-    held = [f"{key}={environ[key]}" for key in HELD_ISA if environ.get(key)]
-    limits = " ".join([f"XLA_FLAGS={environ['XLA_FLAGS']!r}"] if environ.get("XLA_FLAGS") else [])
-    limits = " ".join(filter(None, [limits, *held])) or "none"
-    return f"machine: {common.cpu_description(cpuinfo)}; limits given outside: {limits}"
+    limits = [f"XLA_FLAGS={environ['XLA_FLAGS']!r}"] if environ.get("XLA_FLAGS") else []
+    limits += [f"{key}={environ[key]}" for key in HELD_ISA if environ.get(key)]
+    return (f"machine: {common.cpu_description(cpuinfo)}; "
+            f"limits given outside: {' '.join(limits) or 'none'}")  # fmt: skip
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest-tests list, just before the count and time
