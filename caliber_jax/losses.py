@@ -382,8 +382,12 @@ def query_geometry_loss(
         x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
         return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
 
-    s_sim = unit(s_q, q_valid) @ unit(s_p, p_valid).T
-    t_sim = unit(t_q, q_valid) @ unit(t_p, p_valid).T
+    # The two cosine matrices are nearly equal and their difference is squared: as in
+    # `structure_loss`, full float32 whatever `jax.default_matmul_precision` says (TF32 on GPUs,
+    # one bfloat16 pass on TPUs would swamp the difference).
+    highest = jax.lax.Precision.HIGHEST
+    s_sim = jnp.matmul(unit(s_q, q_valid), unit(s_p, p_valid).T, precision=highest)
+    t_sim = jnp.matmul(unit(t_q, q_valid), unit(t_p, p_valid).T, precision=highest)
     pairs = (q_valid[:, None] & p_valid[None, :]).astype(jnp.float32)
     squared = jnp.square(s_sim - t_sim) * pairs
     return squared.sum(1) / jnp.maximum(pairs.sum(1), 1.0)

@@ -495,6 +495,26 @@ def test_query_geometry_loss_nan_rows_keep_gradients_finite():
     np.testing.assert_array_equal(grads[1][2], [0.0, 0.0])  # the absent passage gets nothing
 
 
+@pytest.mark.parametrize("default", ["bfloat16", "tensorfloat32", "float32"])
+def test_query_geometry_loss_is_float32_whatever_the_default_matmul_precision(default):
+    """Both cosine matmuls are lowered at HIGHEST precision under every default setting (as in
+    `structure_loss`: the two matrices are nearly equal and their difference is squared), and
+    the value does not move."""
+    s_x, s_px, t_x, t_px, _, _ = _near_teacher_batch(noise=1e-3)
+    present = jnp.ones(s_x.shape[0], bool)
+    args = dict(s_q=s_x, t_q=t_x, s_p=s_px, t_p=t_px, q_valid=present, p_valid=present)
+    reference = jax.jit(losses.query_geometry_loss)(**args)
+    with jax.default_matmul_precision(default):
+        query_fn = jax.jit(losses.query_geometry_loss)
+        text = query_fn.lower(**args).as_text()
+        value = query_fn(**args)
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert len(dots) == 2, text
+    for line in dots:
+        assert "precision = [HIGHEST, HIGHEST]" in line, line
+    np.testing.assert_array_equal(value, reference)
+
+
 def test_query_geometry_loss_gradient_matches_finite_differences():
     rng = np.random.default_rng(3)
     s_q, t_q = rng.normal(size=(2, 4, 5))
