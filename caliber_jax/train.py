@@ -153,6 +153,7 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
             jax.local_device_count(),
             chunk_rows_per_process(config),
         ),
+        pack_rungs=config.data.pack_rungs,
         process_rows=process_rows,
         lengths=lengths,
         query_length=config.data.get("query_length", 32),
