@@ -13,8 +13,14 @@ how many steps use each, and the share of computed token slots that is padding.
 
 Layouts (`--layouts`, comma-separated names, default all): `ladder-<multiple>x<growth>-p<P>`
 (padded rows, lengths on the bucket ladder, pi(x) rows rounded up to P; P = 0 is the stacked
-layout, a pi(x) row per x), `fixed-p<P>` (every batch padded to max_length) and `packed-r<R>`
-(rows of max_length tokens, their count rounded up to R). The config's own is marked.
+layout, a pi(x) row per x), `fixed-p<P>` (every batch padded to max_length) and
+`packed-r<R>-k<K>[-w<W>]` (rows of max_length tokens, their count one of a fixed ladder of at
+most K counts, each a multiple of R: `pipeline.make_batch_fn`'s `pack_rungs`; W overrides the
+config's `length_group_window`). The config's own is marked.
+
+`--tokenizer config` takes the config's own tokenizer (`model.tokenizer_dir` or `init_dir`,
+e.g. MiniLM's for the CPU configs) instead of Qwen3's.
+
 """
 
 import argparse
@@ -37,7 +43,7 @@ from caliber_jax.data import pipeline  # noqa: E402
 DEFAULT_LAYOUTS = (
     "ladder-32x1.5-p16,ladder-32x1.5-p0,ladder-32x1.5-p32,ladder-64x2-p16,ladder-64x2-p32,"
     "ladder-128x2-p16,ladder-128x2-p32,ladder-128x2-p8,ladder-32x1.5-p24,ladder-64x2-p24,"
-    "ladder-128x2-p24,fixed-p16,fixed-p24,fixed-p32,packed-r4,packed-r8"
+    "ladder-128x2-p24,fixed-p16,fixed-p24,fixed-p32,packed-r4-k3-w1,packed-r8-k3-w1,packed-r4-k3"
 )
 
 
@@ -80,18 +86,23 @@ def layout_options(name: str, data, max_length: int) -> dict:
             "bucket_growth": 1.0,
             "pert_rows_multiple": int(rest[0].removeprefix("p")),
         }
-    if kind == "packed":
-        return {
+    if kind == "packed" and len(rest) in (2, 3):
+        options = {
             **base,
             "pack_length": max_length,
             "pack_rows_multiple": int(rest[0].removeprefix("r")),
+            "pack_rungs": int(rest[1].removeprefix("k")),
         }
-    raise ValueError(f"layout {name!r}: expected ladder-MxG-pP, fixed-pP or packed-rR")
+        if len(rest) == 3:
+            options["length_group_window"] = int(rest[2].removeprefix("w"))
+        return options
+    raise ValueError(f"layout {name!r}: expected ladder-MxG-pP, fixed-pP or packed-rR-kK[-wW]")
 
 
 def count_layout(source, lengths, pert_lengths, config, options: dict) -> dict:
     """Shapes of one epoch under `options`: distinct geometries, steps per geometry, padding."""
     batch_size = config.batch_size
+    options = {"length_group_window": config.data.length_group_window, **options}
     batch_fn = pipeline.make_batch_fn(
         source,
         batch_size=batch_size,
@@ -102,7 +113,6 @@ def count_layout(source, lengths, pert_lengths, config, options: dict) -> dict:
         tokenize_fn=None,
         max_length=config.data.max_length,
         pad_id=0,
-        length_group_window=config.data.length_group_window,
         drop_remainder=config.data.drop_remainder,
         lengths=(lengths, pert_lengths),
         **options,
@@ -131,6 +141,8 @@ def count_layout(source, lengths, pert_lengths, config, options: dict) -> dict:
         "real_tokens": real,
         "token_slots": slots,
         "first_step_geometry": list(first),
+        "length_group_window": options["length_group_window"],
+        "pack_ladder": list(batch_fn.pack_ladder),
         "steps_per_geometry": {
             "T{}-P{}-R{}".format(*g): n for g, n in sorted(uses.items(), key=lambda kv: -kv[1])
         },
@@ -143,6 +155,8 @@ def main(argv=None) -> None:
     parser.add_argument("--config", default="configs/caliber.py")
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS)
     parser.add_argument("--out", default=str(common.REPO_ROOT / "runs" / "shape_count.json"))
+    parser.add_argument("--tokenizer", choices=("qwen3", "config"), default="qwen3",
+                        help="qwen3 (configs/caliber.py's) or the config's own")  # fmt: skip
     parser.add_argument(
         "--lengths-cache",
         help=".npz of the token lengths: read if it exists, else written (skips the tokenizer)",
@@ -151,7 +165,10 @@ def main(argv=None) -> None:
     config = common.load_config(args.config)
     max_length = config.data.max_length
     texts, perturbed = pipeline.load_passages(Path(args.data_dir) / "train.jsonl")
-    tokenizer = tokenization.build_qwen3_tokenizer()
+    if args.tokenizer == "qwen3":
+        tokenizer = tokenization.build_qwen3_tokenizer()
+    else:
+        tokenizer = tokenization.load_tokenizer(config.model.tokenizer_dir or config.model.init_dir)
 
     def tokenize_fn(batch, length):
         return tokenization.tokenize(tokenizer, batch, max_length=length)
@@ -183,8 +200,9 @@ def main(argv=None) -> None:
             f"ladder-{config.data.pad_to_multiple}x{config.data.bucket_growth:g}"
             f"-p{config.data.pert_rows_multiple}"
             if not config.data.pack_length
-            else f"packed-r{config.data.pack_rows_multiple}"
+            else f"packed-r{config.data.pack_rows_multiple}-k{config.data.pack_rungs}"
         ),
+        "tokenizer": args.tokenizer,
         "layouts": {},
     }
     print(

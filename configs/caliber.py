@@ -82,6 +82,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 0 keeps right-padded rows, which attention="cudnn" needs. CPU configs turn it on.
     config.data.pack_length = 0
     config.data.pack_rows_multiple = 4
+    # Packed row counts (pipeline.make_batch_fn): the pack_rungs counts that pad epoch 0's
+    # batches least, then a fallback of one sequence per row (2 x the batch's passages per
+    # process), which any batch fits. Each batch keeps its batch_size passages and takes the
+    # smallest rung that holds it: an epoch compiles at most pack_rungs step programs (a later
+    # epoch's batch that needs more rows than any of epoch 0's takes the fallback).
+    config.data.pack_rungs = 3
     config.data.drop_remainder = True
     config.data.worker_count = 0
     config.data.read_threads = 4

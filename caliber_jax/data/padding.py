@@ -121,3 +121,59 @@ def pack_rows(
             positions_rl[row, start:end] = np.arange(len(seq))
             start = end
     return ids_rl, slots_rl, positions_rl
+
+
+def row_ladder(needed: Sequence[int], *, rungs: int, worst: int, multiple: int) -> tuple[int, ...]:
+    """The fixed row counts of the packed layout: `rungs` programs, and a fallback.
+
+    The rungs are the `rungs` row counts that leave the fewest padded rows over `needed` (the
+    rows each of a sample of batches needs, e.g. one epoch's), the largest of them the sample's
+    most; then `worst`, a count that any batch fits, for a batch outside the sample that needs
+    more (not repeated when the sample's most is already the worst case). Counts are rounded up
+    to `multiple`. A batch takes the smallest rung that holds it (`bucket_for`), so the sample's
+    batches meet at most `rungs` shapes.
+
+    Args:
+      needed: rows each sampled batch needs (its packing, before rounding).
+      rungs: row counts drawn from the sample, >= 1.
+      worst: the row count that always fits (e.g. one sequence per row).
+      multiple: every rung is a multiple of this (the devices sharing a batch).
+    """
+    if rungs < 1 or multiple < 1 or worst < 1:
+        raise ValueError(f"need rungs, multiple, worst >= 1; got {rungs}, {multiple}, {worst}")
+
+    def up(count: int) -> int:
+        return max(multiple, -(-int(count) // multiple) * multiple)
+
+    top = up(worst)
+    values, counts = np.unique([min(up(n), top) for n in needed], return_counts=True)
+    values, counts = values.tolist(), counts.tolist()
+    # cost[i][j]: padded rows when the batches needing values[i..j] all take values[j].
+    above = np.cumsum([0, *counts])
+    weighted = np.cumsum([0, *(v * c for v, c in zip(values, counts, strict=True))])
+
+    def cost(i: int, j: int) -> int:
+        return values[j] * (above[j + 1] - above[i]) - (weighted[j + 1] - weighted[i])
+
+    # best[k][j]: least padding of values[..j] with k rungs, the last one values[j]; a small
+    # dynamic programme (values: a few dozen row counts).
+    inf = float("inf")
+    n, data_rungs = len(values), min(rungs, len(values))
+    best = [[inf] * n for _ in range(data_rungs + 1)]
+    choice = [[-1] * n for _ in range(data_rungs + 1)]
+    for k in range(1, data_rungs + 1):
+        for j in range(n):
+            if k == 1:
+                best[k][j] = cost(0, j)
+                continue
+            for i in range(1, j + 1):
+                total = best[k - 1][i - 1] + cost(i, j)
+                if total < best[k][j]:
+                    best[k][j], choice[k][j] = total, i - 1
+    chosen = []
+    k = min(range(1, data_rungs + 1), key=lambda m: best[m][n - 1])
+    j = n - 1
+    while j >= 0 and k >= 1:
+        chosen.append(values[j])
+        j, k = choice[k][j], k - 1
+    return tuple(sorted({*chosen, top}))

@@ -330,6 +330,7 @@ def make_batch_fn(
     bucket_growth: float = 1.0,
     pack_length: int = 0,
     pack_rows_multiple: int = 1,
+    pack_rungs: int = 0,
     process_rows: np.ndarray | None = None,
     lengths: tuple[np.ndarray, np.ndarray] | None = None,
     query_length: int = 32,
@@ -368,10 +369,16 @@ def make_batch_fn(
         into rows of L tokens, replacing input_ids, attention_mask and the pert_* arrays with
         packed_ids [r, L] (pad_id where empty), packed_slots [r, L] (the pooled vector each
         token belongs to: global batch position g for x, B + g for its pi(x), 2B for padding)
-        and packed_positions [r, L] (position within its sequence). Almost no padding, and only
-        the row count r varies (rounded up to `pack_rows_multiple`, the same on every process).
-        Needs L >= max_length.
+        and packed_positions [r, L] (position within its sequence). Needs L >= max_length.
+        The row count r is one of a fixed ladder of counts, the same on every process
+        (`pack_ladder`): each batch keeps its B passages and takes the smallest rung its
+        packing fits.
       pack_rows_multiple: r is a multiple of this; keep it a multiple of the local device count.
+      pack_rungs: the packed layout's row counts drawn from the data, >= 1
+        (`padding.row_ladder`): the `pack_rungs` counts that pad epoch 0's batches least (so
+        epoch 0 meets at most `pack_rungs` shapes), then a fallback of 2b rows (b = B / P: one
+        sequence per row), which any batch fits, for a later epoch's batch that needs more
+        rows than any of epoch 0's.
       process_rows: [process_count, b] global batch positions of each process's rows, as the
         device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
         process order. Process p reads the planned batch's rows at process_rows[p], so the
@@ -387,10 +394,10 @@ def make_batch_fn(
         raise ValueError(f"process_index={process_index} not in [0, {process_count})")
     if pert_rows_multiple < 0:
         raise ValueError(f"pert_rows_multiple={pert_rows_multiple} must be >= 0 (0 = stacked)")
-    if pack_length and (pack_length < max_length or pack_rows_multiple < 1):
+    if pack_length and (pack_length < max_length or pack_rows_multiple < 1 or pack_rungs < 1):
         raise ValueError(
             f"pack_length={pack_length} must be 0 (off) or >= max_length={max_length}, with "
-            f"pack_rows_multiple={pack_rows_multiple} >= 1"
+            f"pack_rows_multiple={pack_rows_multiple} >= 1 and pack_rungs={pack_rungs} >= 1"
         )
     if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
         raise ValueError(
@@ -420,7 +427,7 @@ def make_batch_fn(
     lengths, pert_lengths = (np.asarray(part, dtype=np.int64) for part in lengths)
     if lengths.shape != pert_lengths.shape or len(lengths) != len(source):
         raise ValueError(f"lengths must be two [{len(source)}] arrays")
-    return _LoadBatch(
+    load_batch = _LoadBatch(
         source,
         lengths=lengths,
         pert_lengths=pert_lengths,
@@ -438,12 +445,19 @@ def make_batch_fn(
         pad_to_multiple=pad_to_multiple,
         pert_rows_multiple=pert_rows_multiple,
         pack_length=pack_length,
-        pack_rows_multiple=pack_rows_multiple,
         buckets=padding.bucket_lengths(max_length, multiple=pad_to_multiple, growth=bucket_growth),
         process_rows=process_rows,
         has_pert=np.array([bool(text) for text in perturbed]),
         query_length=query_length,
     )
+    if pack_length:
+        load_batch.pack_ladder = padding.row_ladder(
+            [load_batch.rows_needed(step) for step in range(per_epoch)],
+            rungs=pack_rungs,
+            worst=2 * local,
+            multiple=pack_rows_multiple,
+        )
+    return load_batch
 
 
 def make_loader(
@@ -525,6 +539,8 @@ class _LoadBatch:
         self.options = options
         self._cache: tuple[int, np.ndarray] | None = None
         self._empty: int | None = None
+        # The packed layout's row counts (`make_batch_fn` sets them from epoch 0's batches).
+        self.pack_ladder: tuple[int, ...] = ()
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         o = self.options
@@ -599,20 +615,28 @@ class _LoadBatch:
         """The global batch's longest x or pi(x): the padded layouts' length, before bucketing."""
         return int(max(self.lengths[batch].max(), self.pert_lengths[batch].max()))
 
-    def _pack_count(self, batch: np.ndarray) -> int:
-        """Packed rows per process: the most any process needs, rounded up to the multiple."""
+    def rows_needed(self, step: int) -> int:
+        """Packed rows step `step`'s batch needs: the most any process's packing needs."""
+        return self._rows_needed(self._global_batch(step)[1])
+
+    def _rows_needed(self, batch: np.ndarray) -> int:
         o = self.options
 
         def sequence_lengths(members: np.ndarray) -> list[int]:
             pert = members[self.has_pert[members]]
             return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
 
-        needed = max(
+        return max(
             len(padding.pack_bins(sequence_lengths(batch[rows]), capacity=o["pack_length"]))
             for rows in o["process_rows"]
         )
-        multiple = o["pack_rows_multiple"]
-        return max(multiple, -(-needed // multiple) * multiple)
+
+    def _pack_count(self, batch: np.ndarray) -> int:
+        """Packed rows per process: the smallest rung of `pack_ladder` that holds the batch."""
+        needed = self._rows_needed(batch)
+        if needed > self.pack_ladder[-1]:  # the last rung is one sequence per row
+            raise AssertionError(f"{needed} packed rows above the ladder {self.pack_ladder}")
+        return padding.bucket_for(needed, self.pack_ladder)
 
     def _compact_count(self, batch: np.ndarray) -> int:
         """The compact layout's pi(x) rows per process (the most any process has, rounded up)."""
@@ -651,8 +675,9 @@ class _LoadBatch:
         """The "packed" layout: this process's x and pi(x) sequences end to end in rows.
 
         Slot of x at global batch position g: g; of its pi(x): B + g; padding: 2B. The row count
-        is the most any process needs (each computes every process's packing from the global
-        batch's lengths), rounded up to `pack_rows_multiple`, so all processes share one shape.
+        is the smallest rung of `pack_ladder` that holds the packing of every process (each
+        computes every process's packing from the global batch's lengths), so all processes
+        share one shape.
         """
         o = self.options
         capacity, size = o["pack_length"], o["batch_size"]

@@ -61,3 +61,44 @@ def test_pack_rows_places_every_sequence():
     assert np.all(slots[2] == 99) and np.all(ids[2] == 0)
     with pytest.raises(ValueError, match="need 2 packed rows, above 1"):
         padding.pack_rows([[1] * 5, [2] * 5], [0, 1], rows=1, length=8, pad_id=0, pad_slot=9)
+
+
+def test_row_ladder_pads_least_and_ends_with_the_worst_case():
+    # 6 batches need 3 rows, 3 need 5, 1 needs 7; two rungs: 3 and 7 pad 3 x 2 = 6 rows, 5 and
+    # 7 pad 6 x 2 = 12; 3 and 5 cannot hold 7, so the top rung is the sample's most. Then the
+    # fallback, 16 rows, for a batch outside the sample that needs more than 7.
+    assert padding.row_ladder([3] * 6 + [5] * 3 + [7], rungs=2, worst=16, multiple=1) == (3, 7, 16)
+    assert padding.row_ladder([3] * 4 + [5] * 6 + [7], rungs=2, worst=16, multiple=1) == (5, 7, 16)
+    assert padding.row_ladder([3] * 4 + [5] * 6 + [7], rungs=3, worst=16, multiple=1) == (
+        3, 5, 7, 16,
+    )  # fmt: skip
+    # rounded up to the multiple; a sample reaching the worst case needs no fallback
+    assert padding.row_ladder([3, 5, 16], rungs=3, worst=15, multiple=4) == (4, 8, 16)
+    assert padding.row_ladder([3, 5, 16], rungs=2, worst=15, multiple=4) == (8, 16)
+    assert padding.row_ladder([1, 2], rungs=1, worst=10, multiple=2) == (2, 10)
+    assert padding.row_ladder([2, 2, 2], rungs=3, worst=10, multiple=1) == (2, 10)
+
+
+def test_row_ladder_dynamic_programme_matches_brute_force():
+    import itertools
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        needed = rng.integers(1, 20, size=30).tolist()
+        ladder = padding.row_ladder(needed, rungs=2, worst=40, multiple=1)
+        assert len(ladder) == 3 and ladder[-1] == 40 and max(needed) in ladder
+
+        def padded(rungs, needed=needed):
+            return sum(padding.bucket_for(n, rungs) - n for n in needed)
+
+        best = min(
+            padded((*pair, 40))
+            for pair in itertools.combinations(sorted(set(needed)), 2)
+            if max(needed) in pair
+        )
+        assert padded(ladder) == best
+
+
+def test_row_ladder_checks():
+    with pytest.raises(ValueError, match="rungs"):
+        padding.row_ladder([1], rungs=0, worst=4, multiple=1)

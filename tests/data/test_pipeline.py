@@ -561,12 +561,22 @@ def test_packed_layout(corpus, process_count):
             source,
             pack_length=capacity,
             pack_rows_multiple=2,
+            pack_rungs=2,
             process_index=p,
             process_count=process_count,
             **options,
         )  # fmt: skip
         for p in range(process_count)
     ]
+    ladders = [
+        pipeline.make_batch_fn(
+            source, batch_size=size, seed=3, shuffle=True, process_index=p,
+            process_count=process_count, tokenize_fn=byte_tokenize, max_length=64, pad_id=PAD_ID,
+            pad_to_multiple=16, length_group_window=2, drop_remainder=False,
+            pack_length=capacity, pack_rows_multiple=2, pack_rungs=2,
+        ).pack_ladder
+        for p in range(process_count)
+    ]  # fmt: skip
     for step_num, full in enumerate(stacked):
         parts = [shard[step_num] for shard in shards]
         assert len({part["packed_ids"].shape for part in parts}) == 1
@@ -589,7 +599,8 @@ def test_packed_layout(corpus, process_count):
             np.testing.assert_array_equal(ids[rows, cols], want)
             np.testing.assert_array_equal(positions[rows, cols], np.arange(len(want)))
         assert np.all(ids[slots == 2 * size] == PAD_ID)
-        # Rows: the most any process's first-fit-decreasing packing needs, rounded up to 2.
+        # Rows: the smallest rung of the ladder that holds the most any process's
+        # first-fit-decreasing packing needs.
         local = size // process_count
         needed = max(
             len(
@@ -600,17 +611,71 @@ def test_packed_layout(corpus, process_count):
             )
             for k in range(process_count)
         )
-        assert ids.shape[0] == process_count * max(2, -(-needed // 2) * 2)
+        rungs = ladders[0]
+        assert ids.shape[0] == process_count * min(r for r in rungs if r >= needed)
+    # One ladder on every process: at most 2 row counts from the data, each a multiple of 2,
+    # then the worst case (a sequence per row: 2 x the process's rows).
+    assert len(set(ladders)) == 1 and len(ladders[0]) <= 3
+    assert ladders[0][-1] == 2 * (size // process_count) and all(r % 2 == 0 for r in ladders[0])
+    assert len({p["packed_ids"].shape for shard in shards for p in shard}) <= 2  # one epoch
 
 
 def test_packed_layout_checks(corpus):
     with pytest.raises(ValueError, match="pack_length=32 must be 0"):
-        loader(corpus[0], pack_length=32)
+        loader(corpus[0], pack_length=32, pack_rungs=3)
+    with pytest.raises(ValueError, match="pack_rungs=0 >= 1"):
+        loader(corpus[0], pack_length=64)
+
+
+def packed_batch_fn(source, **overrides):
+    options = dict(
+        batch_size=8, seed=5, shuffle=True, process_index=0, process_count=1,
+        tokenize_fn=byte_tokenize, max_length=64, pad_id=PAD_ID, pad_to_multiple=16,
+        length_group_window=1, drop_remainder=False, pack_length=64, pack_rows_multiple=1,
+        pack_rungs=1,
+    )  # fmt: skip
+    return pipeline.make_batch_fn(source, **{**options, **overrides})
+
+
+def test_packed_batch_above_the_data_rungs_takes_the_worst_case(corpus):
+    """A later epoch's batch that needs more rows than any of epoch 0's (the sample the ladder
+    is drawn from) takes the last rung, 2b rows, and still holds every one of its B passages."""
+    source, texts, perturbed, _ = corpus
+    batch_fn = packed_batch_fn(source)
+    top, worst = batch_fn.pack_ladder
+    assert worst == 16 and top == max(batch_fn.rows_needed(s) for s in range(batch_fn.per_epoch))
+    later = range(batch_fn.per_epoch, 40 * batch_fn.per_epoch)
+    over = [step for step in later if batch_fn.rows_needed(step) > top]
+    assert over, "no later batch needs more rows than epoch 0's most: pick another seed"
+    batch = batch_fn(over[0])
+    assert batch["packed_ids"].shape == (worst, 64) and batch_fn.geometry(over[0]) == (0, 0, worst)
+    slots = set(np.unique(batch["packed_slots"]).tolist()) - {16}
+    assert slots == set(range(8)) | {8 + g for g in np.flatnonzero(batch["has_pert"])}
+    for step in later:  # every batch of every epoch takes a rung of the same two
+        assert batch_fn.geometry(step)[2] in (top, worst)
+
+
+def test_packed_worst_case_fits_a_sequence_per_row(tmp_path):
+    """Every x and pi(x) at max_length: one sequence per row, 2b rows, the ladder's last rung."""
+    texts = [f"{i:02d}" + "x" * 70 for i in range(16)]
+    perturbed = [text.replace("x", "y", 1) for text in texts]
+    paths = write_corpus(tmp_path, texts, perturbed)
+    source = pipeline.TrainSource(paths["passages.jsonl"], teacher_x_path=paths["x"],
+                                  teacher_px_path=paths["px"], dim=DIM)  # fmt: skip
+    for count in (1, 2):
+        shapes = set()
+        for index in range(count):
+            batch_fn = packed_batch_fn(source, process_index=index, process_count=count)
+            assert batch_fn.pack_ladder == (16 // count,)
+            batch = batch_fn(0)
+            shapes.add(batch["packed_ids"].shape)
+            assert np.all(batch["packed_slots"] < 16)  # full rows: no padding slot at all
+        assert shapes == {(16 // count, 64)}
 
 
 @pytest.mark.parametrize(
     "layout",
-    [{}, {"pert_rows_multiple": 2}, {"pack_length": 128, "pack_rows_multiple": 1}],
+    [{}, {"pert_rows_multiple": 2}, {"pack_length": 128, "pack_rows_multiple": 1, "pack_rungs": 3}],
     ids=["stacked", "compact", "packed"],
 )
 def test_geometry_decides_each_batch_shape(corpus, layout):
