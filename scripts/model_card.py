@@ -267,8 +267,8 @@ def near_miss_clause(loss: dict) -> str:
         "- The hinge pushes a passage that differs in one number, unit or direction word down to\n"
         "  about the similarity of a topical neighbour: a query that should match a passage\n"
         '  whatever its amount or direction ("revenue rose or fell") may miss some of them\n'
-        "  (docs/results.md, session 24: one sentence through the teacher, the start and this\n"
-        "  recipe).\n"
+        "  (docs/results.md, \"The headline student\": one sentence through the teacher, the start\n"
+        "  and this recipe).\n"
     )
 
 
