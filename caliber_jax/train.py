@@ -418,6 +418,21 @@ def make_eval_fn(graphdef, loss_args, weights, mesh, params_shardings):
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Runs (or resumes) training; returns the final summary metrics."""
+    # A run that stops making progress (a deadlocked collective, a stuck filesystem) dumps its
+    # stacks and exits watchdog.EXIT_STALLED instead of hanging: watched from here, through the
+    # start-up collectives, restore and the steps, to the end of closing.
+    stall = watchdog.StepWatchdog(
+        factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
+    ).start()
+    try:
+        return _train(config, workdir, stall)
+    finally:
+        stall.close()
+
+
+def _train(
+    config: ml_collections.ConfigDict, workdir: str, stall: watchdog.StepWatchdog
+) -> dict[str, float]:
     workdir = paths.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
@@ -548,12 +563,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             else None
         )
         sigterm = SigtermFlag()
-        # A run that stops making progress (a deadlocked collective) dumps its stacks and exits
-        # watchdog.EXIT_STALLED instead of hanging.
-        stall = watchdog.StepWatchdog(
-            factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
-        ).start()
-        cleanup.callback(stall.close)
+        # Joining the compile thread and closing the manager (the last save) have the long limit.
+        cleanup.callback(stall.enter, "closing")
         summary = _loop(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
             val_factory, sigterm, stall, marks,
@@ -581,7 +592,10 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
-            shapes.add(tuple((key, value.shape) for key, value in sorted(batch.items())))
+            shape = tuple((key, value.shape) for key, value in sorted(batch.items()))
+            if shape not in shapes:  # its program compiles now, or compile-ahead's may still be
+                stall.enter("compile")
+            shapes.add(shape)
             state, metrics = train_fn(state, batch)
             if step_num == start + 1 and jax.process_index() == 0:
                 jax.block_until_ready(metrics)

@@ -1,12 +1,15 @@
 """A step watchdog: a run whose steps stop completing dumps every thread's stack and exits.
 
 A deadlocked collective leaves every process alive, asleep and silent, and a scheduler waits
-for it forever. Each process runs one `StepWatchdog`; when no step completes within
-`factor` times the slowest step so far (a step that compiles counts with its compile time), or
-`min_seconds` if that is longer, it writes a faulthandler dump of all threads to stderr and exits
-with `EXIT_STALLED`, which a scheduler can requeue (the last checkpoint is kept). Before the first
-step ends, and during validation or a checkpoint save (`phase`), whose durations no step
-predicts, the limit is `factor` x `min_seconds`.
+for it forever. Each process runs one `StepWatchdog`, from the top of `train()` to its very end.
+When no step completes within `factor` times the slowest step so far (a step that compiles counts
+with its compile time), or `min_seconds` if that is longer, it writes a faulthandler dump of all
+threads to stderr; if nothing progresses in the grace period that follows (no step completes, no
+phase begins or ends), it exits with `EXIT_STALLED`, which a scheduler can requeue (the last
+checkpoint is kept). Work whose duration no step predicts has the limit `factor` x `min_seconds`:
+start-up (until the first step completes), a step whose batch shape is new (its program compiles,
+or compile-ahead's may still be compiling), validation, a checkpoint save, and closing (joining
+the compile thread, waiting for the last save).
 """
 
 import contextlib
@@ -25,16 +28,19 @@ EXIT_STALLED = 124
 class StepWatchdog:
     """Call `step_done(step)` after every step; the watchdog thread ends the process on a stall.
 
+    It starts in the phase "start-up", which lasts until the first step completes. `enter(name)`
+    begins a phase that lasts until the next step completes (a step that compiles, closing);
+    `phase(name)` is a block between steps (validation, a checkpoint save).
+
     Args:
       factor: a stall is `factor` x the slowest step so far; 0 turns the watchdog off.
-      min_seconds: never a shorter limit than this; `factor` x this before the first step ends
-        and during a `phase`.
+      min_seconds: never a shorter limit than this; `factor` x this in every phase.
       clock: seconds, monotonic (tests pass a fake one).
-      poll_seconds: how often the thread looks.
-      grace_seconds: after the dump, wait this long before exiting (None: a tenth of the limit,
-        at least 5 s), so the other processes of a run, stalled at the same step with limits of
-        their own, dump too before a launcher that stops every process on the first failure
-        kills them.
+      poll_seconds: how often the thread looks (`check`).
+      grace_seconds: after the dump, wait this long for progress before exiting (None: a tenth
+        of the limit, at least 5 s), so that a slow step which completes after all does not end
+        the run, and the other processes of a run, stalled at the same step with limits of their
+        own, dump too before a launcher that stops every process on the first failure kills them.
       exit_fn: ends the process (tests replace it); `os._exit`, since a stalled main thread
         never returns to run `sys.exit`'s cleanup.
     """
@@ -63,28 +69,47 @@ class StepWatchdog:
         self._last = clock()
         self._slowest = 0.0
         self._step: int | None = None
-        self._phase: str | None = None
+        self._step_phase: str | None = "start-up"  # until the next step completes
+        self._phase: str | None = None  # a `phase` block
+        # Counts completed steps and phase changes: a dump followed by progress is no stall.
+        self._progress = 0
+        # After a dump: (progress, exit time, step) at the dump.
+        self._dumped: tuple[int, float, int | None] | None = None
+        self._exited = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _current_limit(self) -> float:
+        if self._phase is not None or self._step_phase is not None:
+            return self.factor * self.min_seconds
+        return max(self.min_seconds, self.factor * self._slowest)
 
     def limit(self) -> float:
         """Seconds the current step (or phase) may take."""
         with self._lock:
-            if self._step is None or self._phase is not None:
-                return self.factor * self.min_seconds
-            return max(self.min_seconds, self.factor * self._slowest)
+            return self._current_limit()
+
+    def enter(self, name: str) -> None:
+        """Phase `name` runs from now until the next step completes: the long limit, timed from
+        now (a step whose batch shape is new: "compile"; the end of a run: "closing")."""
+        with self._lock:
+            self._step_phase, self._last = name, self._clock()
+            self._progress += 1
 
     @contextlib.contextmanager
     def phase(self, name: str):
         """Work between steps whose duration no step predicts (validation, a checkpoint save):
         watched with the long limit, and not counted as a step."""
         with self._lock:
+            previous = self._phase
             self._phase, self._last = name, self._clock()
+            self._progress += 1
         try:
             yield
         finally:
             with self._lock:
-                self._phase, self._last = None, self._clock()
+                self._phase, self._last = previous, self._clock()
+                self._progress += 1
 
     def step_done(self, step_num: int) -> None:
         """Step `step_num` completed: the next one's limit starts now."""
@@ -93,6 +118,8 @@ class StepWatchdog:
             self._slowest = max(self._slowest, now - self._last)
             self._last = now
             self._step = step_num
+            self._step_phase = None
+            self._progress += 1
 
     def start(self) -> "StepWatchdog":
         if self.factor > 0:
@@ -108,33 +135,51 @@ class StepWatchdog:
             self._thread.join()
 
     def stalled(self) -> bool:
-        """Whether the current step has run past its limit."""
-        limit = self.limit()
+        """Whether the current step (or phase) has run past its limit."""
         with self._lock:
-            return self._clock() - self._last > limit
+            return self._clock() - self._last > self._current_limit()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self._poll):
-            if self.stalled():
-                self._fire()
+    def check(self) -> None:
+        """One look (the thread's, every `poll_seconds`): on a stall, dump every thread's stack;
+        once a dump's grace period has passed with no progress, exit with `EXIT_STALLED`; on
+        progress after a dump, say so and watch on."""
+        with self._lock:
+            now, progress = self._clock(), self._progress
+            if self._dumped is not None:
+                dumped_progress, exit_at, dumped_step = self._dumped
+                if progress == dumped_progress:
+                    if now >= exit_at:
+                        self._exited = True
+                        self._exit(EXIT_STALLED)
+                    return
+                self._dumped = None
+                phase = self._phase or self._step_phase
+                resumed = (f"step {self._step} completed" if self._step != dumped_step
+                           else f"now in {phase}" if phase else "a phase ended")  # fmt: skip
+                _say(f"watchdog: progress after the dump ({resumed}); not exiting")
+            limit, waited = self._current_limit(), now - self._last
+            if waited <= limit:
                 return
-
-    def _fire(self) -> None:
-        with self._lock:
-            waited, step_num, slowest = self._clock() - self._last, self._step, self._slowest
-            where = f"in {self._phase}" if self._phase else "without a step completing"
-        after = "the start" if step_num is None else f"step {step_num}"
-        print(
-            f"[caliber_jax] watchdog: {waited:.0f} s {where} after {after} (limit "
-            f"{self.limit():.0f} s from watchdog_factor={self.factor}, "
-            f"watchdog_min_s={self.min_seconds}, slowest step {slowest:.1f} s); "
-            f"every thread's stack follows; exiting with {EXIT_STALLED}",
-            file=sys.stderr,
-            flush=True,
+            grace = self._grace if self._grace is not None else max(5.0, 0.1 * limit)
+            self._dumped = (progress, now + grace, self._step)
+            phase = self._phase or self._step_phase
+            where = f"in {phase}" if phase else "without a step completing"
+            after = "before the first step" if self._step is None else f"after step {self._step}"
+            slowest = self._slowest
+        _say(
+            f"watchdog: {waited:.0f} s {where} {after} (limit {limit:.0f} s from "
+            f"watchdog_factor={self.factor}, watchdog_min_s={self.min_seconds}, slowest step "
+            f"{slowest:.1f} s); every thread's stack follows; exiting with {EXIT_STALLED} unless "
+            f"a step completes or a phase begins or ends within {grace:.0f} s"
         )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
-        grace = self._grace if self._grace is not None else max(5.0, 0.1 * self.limit())
-        if self._stop.wait(grace):
-            return  # the run ended during the grace period after all
-        self._exit(EXIT_STALLED)
+
+    def _watch(self) -> None:
+        # Ends on `close` (also in a grace period: the run ended after all) or after the exit.
+        while not self._stop.wait(self._poll) and not self._exited:
+            self.check()
+
+
+def _say(line: str) -> None:
+    print(f"[caliber_jax] {line}", file=sys.stderr, flush=True)

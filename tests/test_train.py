@@ -118,21 +118,28 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
     assert steps and 0 < max(steps) < 400
 
 
-def test_watchdog_ends_a_run_whose_step_overruns(data_dir, tmp_path):
-    """config.watchdog_*: a first step (its compile included) longer than factor x min_s is a
-    stall: every thread's stack on stderr and status 124 (watchdog.EXIT_STALLED), not a hang."""
-    # No compilation cache: the first step compiles (seconds), so it outlasts the 0.2 s limit
-    # and the watchdog's 1 s poll on any machine (a step program read from the tests' shared cache
-    # can finish within the first poll; a later, slower step then fires "after step N"). 400
-    # steps: longer than the grace period after the dump (5 s), in which a run that ends after
-    # all exits normally.
-    result = train(data_dir, tmp_path / "stall", "--config.watchdog_factor=1",
-                   "--config.watchdog_min_s=0.2", "--config.total_steps=400",
-                   "--config.checkpoint_every=100", "--config.eval_every=1000",
-                   "--compilation_cache=none")  # fmt: skip
-    assert result.returncode == watchdog.EXIT_STALLED, result.stderr[-3000:]
-    assert "watchdog: " in result.stderr and "after the start" in result.stderr
-    assert "in _loop" in result.stderr  # faulthandler's frame of the training thread
+def test_watchdog_ends_a_run_that_hangs_in_start_up(data_dir, tmp_path):
+    """config.watchdog_*: the watchdog runs from the top of train(), so a start-up that never
+    ends (here its passages file is a FIFO nobody writes: a stuck network filesystem) dumps every
+    thread's stack on stderr and exits 124 (watchdog.EXIT_STALLED), not a hang."""
+    hung = tmp_path / "data"
+    hung.mkdir()
+    for entry in Path(data_dir).iterdir():
+        (hung / entry.name).symlink_to(entry)
+    (hung / "train.jsonl").unlink()
+    os.mkfifo(hung / "train.jsonl")
+    proc = train(hung, tmp_path / "stall", "--config.watchdog_factor=1",
+                 "--config.watchdog_min_s=0.2", wait=False)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=90)  # a 1 s poll and a 5 s grace period after it
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("train hung in start-up: no watchdog")
+    assert proc.returncode == watchdog.EXIT_STALLED, stderr[-3000:]
+    assert "watchdog: " in stderr and "in start-up before the first step" in stderr
+    assert "in load_passages" in stderr  # faulthandler's frame of the stuck main thread
+    assert re.search(r'train\.py", line \d+ in _?train\n', stderr), stderr[-3000:]
     assert not (tmp_path / "stall" / "summary.json").exists()
 
 

@@ -97,3 +97,100 @@ def test_off_and_closed_watchdogs_never_fire():
     dog.step_done(1)
     dog.close()
     assert fired == []
+
+
+def test_a_step_completing_in_the_grace_period_cancels_the_exit():
+    """A slow step overruns its limit (stacks dumped), then completes within the grace period:
+    the run goes on, and the watchdog keeps watching it."""
+    fired = []
+    dog = watchdog.StepWatchdog(factor=1.0, min_seconds=0.1, poll_seconds=0.01,
+                                grace_seconds=1.5, exit_fn=fired.append).start()  # fmt: skip
+    dog.step_done(1)  # a fast first step: the limit is min_seconds
+    time.sleep(0.6)  # step 2 overruns 0.1 s: the dump, then the grace period
+    dog.step_done(2)  # ...and completes within it; steps go on at the new pace
+    end = time.monotonic() + 2.0  # past the end of the grace period
+    step_num = 2
+    while time.monotonic() < end:
+        time.sleep(0.02)
+        step_num += 1
+        dog.step_done(step_num)
+    assert fired == []
+    assert not dog.stalled()
+    dog.close()
+
+
+def test_a_dump_without_progress_exits_after_the_grace_period_and_progress_resumes_watching(
+    capfd,
+):
+    clock = FakeClock()
+    fired = []
+    dog = watchdog.StepWatchdog(factor=2.0, min_seconds=10.0, clock=clock, grace_seconds=5.0,
+                                exit_fn=fired.append)  # fmt: skip
+    clock.now += 1.0
+    dog.step_done(1)
+    clock.now += 9.0
+    dog.check()
+    assert capfd.readouterr().err == ""  # 9 s: within max(10, 2 x 1)
+    clock.now += 2.0
+    dog.check()  # 11 s: stalled
+    err = capfd.readouterr().err
+    assert "watchdog: 11 s without a step completing after step 1" in err
+    assert "within 5 s" in err and "test_watchdog.py" in err  # the stack dump
+    clock.now += 4.0
+    dog.check()
+    assert fired == []  # still in the grace period
+    dog.step_done(2)  # a 15 s step completed in it
+    clock.now += 2.0
+    dog.check()
+    assert fired == [] and "step 2 completed" in capfd.readouterr().err
+    clock.now += 27.0
+    dog.check()
+    assert fired == []  # 29 s: the limit is now 2 x 15 s
+    clock.now += 2.0
+    dog.check()  # 31 s: stalled again; no progress this time
+    assert "after step 2" in capfd.readouterr().err
+    clock.now += 4.9
+    dog.check()
+    assert fired == []
+    clock.now += 0.2
+    dog.check()
+    assert fired == [watchdog.EXIT_STALLED]
+
+
+def test_start_up_new_shapes_and_closing_get_the_long_limit(capfd):
+    """From its start to the first step, in a step whose batch shape is new (it compiles, or
+    waits for compile-ahead) and while closing, the limit is factor x min_seconds."""
+    clock = FakeClock()
+    dog = watchdog.StepWatchdog(factor=4.0, min_seconds=10.0, clock=clock, grace_seconds=1.0,
+                                exit_fn=lambda status: None)  # fmt: skip
+    assert dog.limit() == 40.0  # start-up
+    with dog.phase("validation"):  # validation before the first step (eval_at_start)
+        clock.now += 39.0
+        assert not dog.stalled()
+    clock.now += 39.0
+    assert dog.limit() == 40.0 and not dog.stalled()  # back in start-up, clock restarted
+    clock.now += 2.0
+    dog.check()
+    assert "41 s in start-up before the first step" in capfd.readouterr().err
+    dog.enter("compile")  # step 1's program compiles: progress, the dump is cancelled
+    dog.check()
+    assert "progress after the dump (now in compile)" in capfd.readouterr().err
+    clock.now += 1.0
+    dog.step_done(1)  # compiled ahead: 1 s
+    assert dog.limit() == 10.0  # max(min_seconds, 4 x 1 s)
+    dog.enter("compile")  # step 2's batch has a shape not run before
+    assert dog.limit() == 40.0
+    clock.now += 39.0
+    assert not dog.stalled()
+    clock.now += 2.0
+    dog.check()
+    assert "41 s in compile after step 1" in capfd.readouterr().err
+    dog.step_done(2)
+    assert dog.limit() == 164.0  # a step that compiles counts with its compile time
+    clock.now += 1.0
+    dog.step_done(3)
+    dog.enter("closing")
+    clock.now += 100.0
+    assert dog.limit() == 40.0 and dog.stalled()
+    dog.check()
+    assert "100 s in closing after step 3" in capfd.readouterr().err
