@@ -345,7 +345,7 @@ def random_model(spec: embedding.ModelSpec, *, dtype, seed: int, attention: str 
     For shapes too large to build on the host first (the 8B teacher): as `random_qwen3`,
     N(0, 0.02) matrices and unit norms (zero biases), float32 params as always. Each parameter is
     drawn by a small program compiled once per shape: one jitted init of the whole 8B model
-    compiled for over 200 s on an H200 (session 27) before a passage was encoded.
+    compiled for over 200 s on an H200 (d37e027, 2026-11-28) before a passage was encoded.
     `attention` as `embedding.split_model`.
     """
     import jax

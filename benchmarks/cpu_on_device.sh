@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU train benchmark on the host CPU of a lent device machine (issue #13 asks for the ratio
+# The CPU train benchmark on the host CPU of a GPU machine (issue #13 asks for the ratio
 # on AVX-512 machines too; the device hosts are other x86 CPUs), pinned to 2 cores like the
 # development machines, JAX and PyTorch both on the CPU.
 #
@@ -43,7 +43,7 @@ EOF
   du -sh .whl "$OUT"
   ;;
 setup|run)
-  # setup: the missing wheels into /tmp/site and MiniLM with random weights (session 16's
+  # setup: the missing wheels into /tmp/site and MiniLM with random weights (the 2026-11-26 run's
   # benchmarks/gpu_on_device.sh called it, then `bench` beside its GPU work); run: setup, then
   # bench.
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

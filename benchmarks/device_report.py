@@ -1,10 +1,10 @@
-"""One GPU session's figures for the real job (issue #35), as one JSON file that grows part by part.
+"""One GPU run's figures for the real job (issue #35), as one JSON file that grows part by part.
 
     python benchmarks/device_report.py --out runs/device_report.json   # via gpu_on_device.sh
     CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
 
-Parts, in order (most wanted first: session 23's H200 run measured the first step and the XLA
-student step; session 27's the cuDNN step, the scanned compile and the first step again, and its
+Parts, in order (most wanted first: aea2ba0's H200 run measured the first step and the XLA
+student step; d37e027's the cuDNN step, the scanned compile and the first step again, and its
 8B part compiled the random init for 200 s), each a subprocess under its own time limit and all
 of them under `--limit-s`:
   setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer), prepared
@@ -21,7 +21,7 @@ of them under `--limit-s`:
   student_cudnn_scan: the same with the layers scanned (`model.scan_layers`): the step time that
     the scan's shorter compile (32 s against 50 s per shape) would cost.
   student_packed: the step with the packed layout (`data.pack_length` 512, XLA attention, JAX
-    only): session 23 found 42.5% of an epoch's tokens to be padding with padded rows.
+    only): the aea2ba0 run found 42.5% of an epoch's tokens to be padding with padded rows.
   worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
     tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
     of the config's step with its layers scanned, then unrolled (the config's remat).
@@ -96,8 +96,8 @@ REQUIRED = {
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
 # only `--limit-s` applies.
-# Session 27's H200: setup 28 s, student_cudnn 108 s (81 s of it compiling), the scanned worst
-# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts. Session 31's: the 8B
+# d37e027's H200: setup 28 s, student_cudnn 108 s (81 s of it compiling), the scanned worst
+# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts. 71a747e's: the 8B
 # encode 46 s, the scanned step 104 s, student_xla with PyTorch 127 s, the packed step compiled
 # in 127 s (stopped at 150 s before its timed steps).
 LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 140, "student_cudnn_scan": 110,
@@ -115,7 +115,7 @@ SIZES = {
         ["--max-length", "64", "--batch-size", "8", "--num-batches", "1", "--repeats", "2",
          "--min-steps", "2", "--pool", "64", "--peak-flops", "1e12"]
         if REHEARSAL
-        # One batch (the median of 512 passages), so one compile: session 23's H200 compiled
+        # One batch (the median of 512 passages), so one compile: the aea2ba0 run's H200 compiled
         # each shape of this step in 50-100 s, and two shapes ran every part out of time.
         else ["--num-batches", "1", "--repeats", "5", "--min-steps", "3", "--pool", "512"]
     ),

@@ -9,9 +9,9 @@
 #   bash benchmarks/gpu_on_device.sh prepare   # here, once: .whl and runs/device/filings.jsonl.gz
 #   # through the device tool, carrying .whl and runs/device (timeout_s 540 or more):
 #   bash benchmarks/gpu_on_device.sh [SECONDS] # SECONDS: all of it (default 480); JSON in $OUT
-#   # A device session has 900 s: session 27 ran `... 570` (timeout_s 590; the machine started in
+#   # A GPU run had 900 s: d37e027's ran `... 570` (timeout_s 590; the machine started in
 #   # ~30 s), then, on the still-warm machine whose /tmp/device_report kept the setup, the parts
-#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`. Session 31
+#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`. 71a747e's
 #   # (the machine goes back after 30 s idle: start the second call at once): `PARTS=setup,
 #   # teacher_8b_encode,student_cudnn,student_cudnn_scan,train_cold ... 570`, then
 #   # `PARTS=train_warm,student_packed,student_xla ... 390` (781 s of device time in all).

@@ -4,8 +4,8 @@ XLA's CPU runtime allocates the temporaries of each program execution as one lar
 GB for a MiniLM training step). glibc serves a request that large with a fresh `mmap` and returns it
 with `munmap` when it is freed, so every step page-faults on every page it touches (3.7 million
 minor faults in a 50 s benchmark) and then unmaps it again. With `mmap` off for malloc, one arena
-and no trimming, the heap keeps those pages and the next step reuses them. BENCHMARKS.md (session
-9) has the measurement; the cost is a resident set that stays at its peak.
+and no trimming, the heap keeps those pages and the next step reuses them. The benchmarks
+history (2026-11-25) has the measurement; the cost is a resident set that stays at its peak.
 
 That was measured on the CPU backend only, so the entry points (`cli.run`) apply it only when JAX
 will run on the CPU (`planned_platform`): on a GPU or TPU the step's buffers live on the device,

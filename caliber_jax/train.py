@@ -55,7 +55,7 @@ class TokenizeFn:
     queries at `query_length`) could truncate each other's texts: `tokenization.tokenize` makes
     the calls one at a time. One tokenizer, not one per thread: Qwen3's (151K tokens) takes ~1.2 s
     of CPU to load, and four loader threads each loading their own held the first batch of
-    configs/caliber.py back by ~5 s on 2 cores (docs/benchmarks_history.md, session 30)."""
+    configs/caliber.py back by ~5 s on 2 cores (docs/benchmarks_history.md, 2026-11-28)."""
 
     def __init__(self, tokenizer_dir: str, tokenizer: PreTrainedTokenizerBase | None = None):
         self.tokenizer_dir = tokenizer_dir

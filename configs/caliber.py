@@ -70,7 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.dir = "runs/caliber/data"  # prepare's output; teacher stores go inside
     config.data.max_length = 512
     config.data.pad_to_multiple = 32
-    # Padded lengths form a ladder 32, 64, 96, 160, 256, 384, 512 (x1.5): one step program per
+    # Padded lengths form a ladder 32, 64, 96, 160, 256, 384, 512 (x 1.5): one step program per
     # rung and pi(x) row count, compiled once and then read from the persistent cache.
     config.data.bucket_growth = 1.5
     config.data.length_group_window = 16

@@ -66,7 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # ...and the gradient half runs the packed rows 4 at a time (train.py, grad_chunks.py): one
     # set of programs whatever a batch's row count, where the epoch of configs/study.py met 10
     # row counts, 10 gradient programs and ~55 s of compiling (end to end 262 s -> 231 s on 2
-    # cores, docs/benchmarks_history.md, session 11; the same loss to 6 digits). A CPU setting: it
+    # cores, docs/benchmarks_history.md, 2026-11-25; the same loss to 6 digits). A CPU setting: it
     # saves no memory, and train refuses it on a GPU or TPU (docs/training_path.md).
     config.grad_chunk_rows = 4
     config.data.length_group_window = 1

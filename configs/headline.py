@@ -12,7 +12,7 @@ in the same seeded sample and order, 2,000 steps of batch 32, AdamW 1e-4, max le
 LEAF/Caliber long runs are its paired baselines. The objective is configs/numeric.py's (alignment
 of s(x) to t(x), the NumGap-aligned `neighbour` hinge with the teacher's neighbour similarity
 from the mpnet vectors, lambda 8, m 0.1, no pull of s(pi x) onto t(pi x), the structure term 50)
-and no query-geometry term: the pilots (docs/results.md, "#37 headline student: status";
+and no query-geometry term: the pilots (docs/history.md, 2026-11-27;
 `scripts/study.py --preset headline-pilot`) chose this on NumGap dev. Variant `query` adds the
 query-geometry term (`loss.query_weight` 50): (cos(s q, s p) - cos(t q, t p))^2 for a training
 question q per passage (the offline generator of the mining pipeline, from the training filings,
@@ -35,7 +35,7 @@ of the paper's rule are cross-references such as "as indicated above").
 Variant `late`: separate late. The numeric recipe for 400 steps, started from the distilled
 twin's final weights (`variant distill`, 2,000 steps), on the quantity-scope data with polarity
 drawn 3x where it fires (`prepare.category_weights`); `--preset headline-late` runs both phases.
-Variant `late800`: `late` for 800 steps (session 23's pilot, chosen on both dev sets);
+Variant `late800`: `late` for 800 steps (the pilot of 2026-11-27, 70702d6, chosen on both dev sets);
 `--preset headline-late800` runs it from the same twins, labelled "Late800";
 `--preset headline-late800-blend` blends each Late800 run with the twin it started from
 (`export --interpolate`, WiSE-FT), the share chosen on NumGap dev, labelled "Blend800".
@@ -85,10 +85,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.perturb_weight = 1.0
         config.loss.structure_weight = 0.0
         config.loss.query_weight = 0.0
-    if "late800" in variants:  # session 23's dev choice over 400 steps (docs/results.md)
+    if "late800" in variants:  # the dev choice over 400 steps (docs/history.md, 2026-11-27)
         variants.add("late")
     if "late" in variants:
-        # Separate late (session 22 pilots, docs/results.md): the numeric recipe for 400 steps
+        # Separate late (pilots, docs/history.md): the numeric recipe for 400 steps
         # from the distilled twin's final weights (`--preset headline-late` passes
         # --config.model.init_dir, the twin's export with its W_out), on data with the
         # quantity-scope polarity rule and polarity drawn 3x where it fires.
@@ -113,7 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
         config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}
         # 50 steps per epoch at batch 32: 300 steps; the late phase 150, chosen on the verify
-        # data's NumGap dev set (session 23): 60 steps (the long run's 5:1) gave dev D 0.015,
+        # data's NumGap dev set (70702d6): 60 steps (the long run's 5:1) gave dev D 0.015,
         # 150 gave 0.123 at the same val/align_x (0.653-0.654).
         config.num_epochs = 3.0 if "late" in variants else 6.0
         config.eval_every = 100

@@ -15,7 +15,7 @@ similarity preservation) on the same passages, each with its BM25 topical neighb
 training passages (`data_nb`). Variant `configs/study_mpnet.py:long` is the same LEAF/Caliber pair
 trained longer on more passages (20,000 passages x 3.2 epochs = 2,000 steps, its own data folder),
 run by `scripts/study.py --preset mpnet-long`: on two CPU cores a day of background compute,
-resumable across sessions.
+resumable across runs and machines.
 Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.
@@ -23,7 +23,7 @@ Runtime there: ~45 minutes per student, 7-8 hours for the whole study (resumable
 docs/study_mpnet/ across machines; minutes on a GPU). The teacher also runs through the Flax MPNet
 port (`--config.teacher.backend=flax`, vectors within 2e-7 of PyTorch's; on a GPU/TPU); the
 study keeps PyTorch, with which its seed-0 teacher vectors were made.
-Measured (docs/results.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM + W_out) 0.5507.
+Measured (docs/history.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM + W_out) 0.5507.
 """
 
 import ml_collections
@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint_every = 25
     config.keep_checkpoints = 2
     if arg == "xavier":
-        config.model.w_out_init = "xavier"  # LEAF's random start (session 8's LEAF s0)
+        config.model.w_out_init = "xavier"  # LEAF's random start (the LEAF s0 of 2026-11-25)
     elif arg == "trunc384":
         config.model.out_dim = None
         config.data.dir = "runs/study_mpnet/data_384"

@@ -96,7 +96,7 @@ def choose_share(dev_d: dict[float, float], target: float = SOUP_TARGET_D) -> fl
 
 
 # `--preset headline-late800-blend`: shares of the Late800 run's final weights, the rest its
-# start's (the distilled twin): session 24's pilot grid, chosen on NumGap dev as the soup is.
+# start's (the distilled twin): the pilot grid of 38efa17, chosen on NumGap dev as the soup is.
 BLEND_SHARES = (0.5, 0.6, 0.7, 0.8)
 
 

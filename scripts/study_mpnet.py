@@ -71,7 +71,7 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
     The main pair, LEAF and Caliber from the least-squares W_out ("lp"), for every seed, the first
     seed's first; then, for the first seed only, issue #16's objective (its lambda is the
     variant's own, None here), the pair aligned to the teacher cut to 384 dims, and LEAF from a
-    random W_out (session 8's run, recorded). `long`: only the main pair, for every seed, on the
+    random W_out (run 2026-11-25, recorded). `long`: only the main pair, for every seed, on the
     `long` variant's data and length.
     """
     if long:
@@ -198,7 +198,7 @@ def derive_truncated(
 def add_times(once: dict[str, float], into: dict[str, float], *, fresh: set[str]) -> None:
     """Adds the wall times of one invocation's stages to the study's record.
 
-    A stage resumed from its own partial output (a later session on the same machine) adds to
+    A stage resumed from its own partial output (a later run on the same machine) adds to
     its latest entry: one stage, run in pieces. A stage in `fresh` started from nothing although
     the record already has a time for it (a new machine without the old `runs/`, where the
     teacher is encoded again) gets an entry of its own, "<stage> (run 2)", 3, ..., so the record
@@ -288,7 +288,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
 
     numgap_path = data / "numgap_test.jsonl"
     # Every recorded NumGap result was scored on the recorded records. A rebuild can differ (BM25
-    # ties were once broken in an unspecified order; docs/results.md, session 18): it stays, the
+    # ties were once broken in an unspecified order; docs/history.md, 2026-11-26): it stays, the
     # run says so, and the results scored on the recorded set fail the data hash (not restored).
     differs = keep_recorded(numgap_path, out, record)
     if differs:
@@ -445,7 +445,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         return restore_model(label, TASKS_STUDENT)
 
     pending = [item for item in runs if not finished(item[0])]
-    # After the evaluations that need no teacher vectors, so a short session measures those;
+    # After the evaluations that need no teacher vectors, so a short run measures those;
     # not at all once every student is evaluated (a restored study re-encodes nothing).
     if pending:
         fresh = not (data / "teacher_train").exists()  # else it resumes its own store
@@ -464,7 +464,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         derive_neighbours(data, data_nb, k=k)
     # Students still to train, `--jobs` at a time, each on its own share of the cores: one
     # training keeps two cores only ~1.3x busier than one (single-threaded fusions, the input
-    # pipeline), so two side by side finish a pair ~1.5x sooner (docs/results.md, session 15).
+    # pipeline), so two side by side finish a pair ~1.5x sooner (docs/history.md, 2026-11-26).
     untrained_runs = [item for item in pending if not trained(item[0])]
     jobs = getattr(args, "jobs", 1)
     if jobs > 1 and len(untrained_runs) > 1:

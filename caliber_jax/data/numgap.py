@@ -84,7 +84,7 @@ class Bm25Neighbours:
         The order of equal scores is fixed here rather than left to bm25s's top-k
         (`np.argpartition`, whose order among ties differs between machines): a passage repeated
         verbatim in two filings scores the same, and which one becomes a distractor must not
-        depend on the CPU (docs/results.md, session 18).
+        depend on the CPU (docs/history.md, 2026-11-26).
         """
         # An empty query (all stopwords) has no neighbours; bm25s rejects it.
         return [
