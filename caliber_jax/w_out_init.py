@@ -9,7 +9,6 @@ teacher vectors, with zero bias; training then starts from the best linear map i
 
 import hashlib
 import json
-import struct
 from collections.abc import Callable
 
 import numpy as np
@@ -18,6 +17,8 @@ from safetensors import numpy as safetensors_numpy
 
 FILE = "w_out_init.safetensors"
 METHODS = ("xavier", "lstsq")
+# The share of W_out's drawn rows that scores a fit on the others (`split_rows`).
+HELD_OUT = 0.1
 
 
 def ridge_projection(features_nd: np.ndarray, targets_nk: np.ndarray, ridge: float) -> np.ndarray:
@@ -51,34 +52,61 @@ def mean_cosine(features_nd: np.ndarray, kernel_dk: np.ndarray, targets_nk: np.n
     return float(np.mean(np.sum(projected * targets, axis=1)))
 
 
+def split_rows(total: int, *, fit_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded random draw of training rows for W_out's fit: (rows fitted on, rows scored on).
+
+    `min(total, fit_rows)` rows are drawn from the whole corpus, not taken from its start: a
+    corpus in filing order would otherwise fit (and score) on its first filings only. A
+    `HELD_OUT` share of the draw (at least 1 row) is set apart to score the fit; `fit` refits on
+    the whole draw afterwards. Both index arrays come back sorted.
+
+    Args:
+      total: rows in the training split.
+      fit_rows: the most rows to draw (`config.model.w_out_fit_rows`).
+      seed: the draw's seed (`config.seed`).
+    """
+    if total < 2:
+        raise ValueError(f"w_out_init.split_rows: needs at least 2 passages, got {total}")
+    if fit_rows < 2:
+        raise ValueError(f"w_out_init.split_rows: fit_rows must be >= 2, got {fit_rows}")
+    drawn = min(total, fit_rows)
+    fitted = drawn - max(1, int(round(HELD_OUT * drawn)))
+    order = np.random.default_rng(seed).permutation(total)
+    return np.sort(order[:fitted]), np.sort(order[fitted:drawn])
+
+
 def fit(
     encode_fn,
     texts: list[str],
     targets_nk: np.ndarray,
     *,
+    heldout_rows: int,
     ridge: float,
-    held_out: float = 0.1,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Fits W_out on `texts` -> `targets_nk`; returns ({dense.kernel, dense.bias}, report).
 
     `encode_fn(texts) -> [N, d]` gives the student's unit pooled vectors (before W_out). The last
-    `held_out` share of the rows only scores the fit (`report["heldout_cos"]`); the kernel is then
-    refitted on all rows. Unit features are enough: with zero bias, normalize(W p) does not depend
-    on |p|.
+    `heldout_rows` rows score a fit on the others, rows that fit never saw
+    (`report["heldout_cos"]`; `split_rows` draws both sets at random); the kernel returned is then
+    refitted on all rows. Unit features are enough: with zero bias, normalize(W p) does not
+    depend on |p|.
     """
     if len(texts) != len(targets_nk):
         raise ValueError(f"w_out_init.fit: {len(texts)} texts but {len(targets_nk)} targets")
-    if len(texts) < 2:
-        raise ValueError(f"w_out_init.fit: needs at least 2 passages, got {len(texts)}")
+    if not 1 <= heldout_rows < len(texts):
+        raise ValueError(
+            f"w_out_init.fit: heldout_rows={heldout_rows} must leave 1 to {len(texts) - 1} of "
+            f"the {len(texts)} rows to score"
+        )
     features = np.asarray(encode_fn(list(texts)), np.float32)
     targets = np.asarray(targets_nk, np.float32)
-    split = len(texts) - max(1, int(round(held_out * len(texts))))
+    split = len(texts) - heldout_rows
     partial = ridge_projection(features[:split], targets[:split], ridge)
     kernel = ridge_projection(features, targets, ridge)
     report = {
         "rows": len(texts),
         "ridge": float(ridge),
-        "heldout_rows": len(texts) - split,
+        "heldout_rows": heldout_rows,
         "heldout_cos": mean_cosine(features[split:], partial, targets[split:]),
         "train_cos": mean_cosine(features, kernel, targets),
     }
@@ -104,14 +132,6 @@ def load(path: epath.PathLike) -> dict[str, np.ndarray]:
     if missing:
         raise ValueError(f"{path}: missing tensors {sorted(missing)}")
     return tensors
-
-
-def read_report(path: epath.PathLike) -> dict[str, float]:
-    """The fit's report stored by `save` (safetensors header metadata)."""
-    data = epath.Path(path).read_bytes()
-    (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + size])
-    return json.loads(header.get("__metadata__", {}).get("report", "{}"))
 
 
 def fit_once(

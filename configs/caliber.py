@@ -102,8 +102,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.num_layers = ml_collections.FieldReference(None, field_type=int)
     config.model.out_dim = ml_collections.FieldReference(None, field_type=int)
     # A new W_out (out_dim set, none in init_dir) starts "xavier" (random, LEAF) or "lstsq": ridge
-    # regression of the teacher vectors of the first w_out_fit_rows training passages on the
-    # student's pooled vectors, fitted once before step 0 (`caliber_jax/w_out_init.py`).
+    # regression of the teacher vectors of w_out_fit_rows training passages (drawn with `seed`
+    # from the whole split; a fit on 90% of them is scored on the other 10%) on the student's
+    # pooled vectors, fitted once before step 0 (`caliber_jax/w_out_init.py`).
     config.model.w_out_init = "xavier"
     config.model.w_out_fit_rows = 4096
     config.model.w_out_ridge = 1e-4

@@ -378,6 +378,8 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
 ):
     """model.w_out_init="lstsq": W_out (384 -> 128, teacher MRL-truncated to 128) is fitted once
     before step 0, kept in the workdir, and `export --interpolate 0` writes exactly that start."""
+    from safetensors import safe_open
+
     from caliber_jax import w_out_init
     from caliber_jax.models import hf
 
@@ -395,7 +397,8 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
         first[init] = next(json.loads(line) for line in lines if "train/loss" in line)
     fitted = tmp_path / "lstsq" / w_out_init.FILE
     assert fitted.is_file() and not (tmp_path / "xavier" / w_out_init.FILE).exists()
-    report = w_out_init.read_report(fitted)
+    with safe_open(fitted, framework="np") as opened:
+        report = json.loads(opened.metadata()["report"])
     assert report["rows"] == 64 and report["heldout_rows"] == 6
     assert "W_out fitted by least squares" in result.stderr
     # A random projection starts at cos ~0 to the teacher (||s - t|| ~ sqrt 2); the fitted one
