@@ -74,7 +74,9 @@ def prepare(
     passage of both splits a "query" field (`make_queries`), a question about it or null.
     `balance_rules` draws the training passages' perturbations again so that every rule of a
     category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
-    (`rebalance_rules`); validation and NumGap are unchanged. `polarity_scope`
+    (`rebalance_rules`), and passages.jsonl and stats.json's counts record those redrawn ones
+    (stats "chosen" over every passage, "train_chosen" over train.jsonl); validation and NumGap
+    are unchanged. `polarity_scope`
     (`perturb.POLARITY_SCOPES`) says where direction words count, for every split and NumGap.
     `category_weights` (with `balance_rules` only) draws the training category in proportion to
     these weights among those that fire (1 for a category left out), e.g. {"polarity": 3}.
@@ -106,7 +108,6 @@ def prepare(
             + ")"
         )
     admits = dict.fromkeys(perturb.CATEGORIES, 0)
-    chosen = dict.fromkeys(perturb.CATEGORIES, 0)
     for passage in passages:
         fired, category = choose_perturbation(
             passage["text"],
@@ -116,12 +117,9 @@ def prepare(
         )
         for name in fired:
             admits[name] += 1
-        if category is not None:
-            chosen[category] += 1
         passage["category"] = category
         passage["perturbed"] = fired[category] if category is not None else None
     output_dir = paths.as_path(output_dir)  # local, file:// or gs://: writes go through epath
-    corpus.save_jsonl(output_dir / "passages.jsonl", passages)
     heldout = heldout_documents(
         sorted({p["doc_name"] for p in passages}), fraction=heldout_fraction, seed=seed
     )
@@ -138,6 +136,10 @@ def prepare(
             polarity_scope=polarity_scope,
             category_weights=category_weights,
         )
+        # passages.jsonl (and the counts below) record the draws train.jsonl holds.
+        redrawn = {p["id"]: p for p in train}
+        passages = [redrawn.get(p["id"], p) for p in passages]
+    corpus.save_jsonl(output_dir / "passages.jsonl", passages)
     if neighbour_k:
         train_texts = [p["text"] for p in train]
         neighbours = mine_neighbours(train_texts, k=neighbour_k)
@@ -154,6 +156,7 @@ def prepare(
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if val:
         corpus.save_jsonl(output_dir / "val.jsonl", val)
+    chosen = count_categories(passages)
     perturbable = sum(chosen.values())
     stats: dict[str, Any] = {
         "input": str(input_path),
@@ -163,6 +166,7 @@ def prepare(
         "perturbable_share": perturbable / len(passages) if passages else 0.0,
         "admits": admits,
         "chosen": chosen,
+        "train_chosen": count_categories(train),
         "seed": seed,
         "categories": list(categories),
         "polarity_scope": polarity_scope,
@@ -206,6 +210,15 @@ def prepare(
         stats["numfine_units"] = len(units)
     corpus.save_json(output_dir / "stats.json", stats)
     return stats
+
+
+def count_categories(passages: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Passages per perturbation category (every category, 0 where none was drawn)."""
+    counts = dict.fromkeys(perturb.CATEGORIES, 0)
+    for passage in passages:
+        if passage["category"] is not None:
+            counts[passage["category"]] += 1
+    return counts
 
 
 def mine_neighbours(texts: Sequence[str], *, k: int, max_jaccard: float = 0.5) -> list[int | None]:

@@ -225,6 +225,30 @@ def test_prepare_balance_rules_redraws_training_perturbations_only(tmp_path):
     assert val[0] == val[1]
 
 
+def test_prepare_balance_rules_records_what_train_jsonl_holds(tmp_path):
+    """With `balance_rules`, passages.jsonl and stats.json's counts describe the redrawn training
+    perturbations that train.jsonl holds, not the draws made before rebalancing."""
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    stats = prepare_lib.prepare(
+        source, tmp_path / "out", seed=0, heldout_fraction=0.34, balance_rules=True
+    )
+    passages = {p["id"]: p for p in corpus.load_jsonl(tmp_path / "out" / "passages.jsonl")}
+    train = corpus.load_jsonl(tmp_path / "out" / "train.jsonl")
+    val = corpus.load_jsonl(tmp_path / "out" / "val.jsonl")
+    assert train and val
+    for row in [*train, *val]:
+        kept = passages[row["id"]]
+        assert (kept["category"], kept["perturbed"]) == (row["category"], row["perturbed"])
+    assert json.loads((tmp_path / "out" / "stats.json").read_text()) == stats
+
+    def counts(rows):
+        return {c: sum(row["category"] == c for row in rows) for c in perturb.CATEGORIES}
+
+    assert stats["chosen"] == counts(passages.values())
+    assert stats["train_chosen"] == counts(train) and sum(stats["train_chosen"].values()) > 0
+    assert stats["perturbable"] == sum(p["category"] is not None for p in passages.values())
+
+
 def test_prepare_polarity_scope_reaches_every_split_and_numgap(tmp_path):
     """With the "quantity" scope no passage, validation row or NumGap record swaps a
     cross-reference word ("discussed above"), which the paper's rule does swap."""
