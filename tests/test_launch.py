@@ -80,23 +80,89 @@ def test_slurm_requeues_a_preempted_job_and_lets_peers_finish():
     assert "--kill-on-bad-exit" not in srun  # it would kill the peers of the first 75
 
 
-def test_slurm_sbatch_with_stand_in_srun_and_scontrol(tmp_path):
-    """The batch script's own logic: srun's status 75 -> `scontrol requeue <job>`, exit 75;
-    other statuses -> no requeue, the same status."""
+STALLED = 124  # caliber_jax.watchdog.EXIT_STALLED
+KILLED = 128 + 9  # a task srun killed (SIGKILL) before it could report its status
+
+
+@pytest.mark.parametrize(
+    ("tasks", "restarts", "want", "requeued"),
+    [
+        ("75 75", "", PREEMPTED, True),
+        ("0 0", "", 0, False),
+        ("1 0", "", 1, False),
+        ("124 124", "", STALLED, True),
+        ("75 124", "", STALLED, True),  # srun's status is the highest: 124
+        ("75 kill", "", PREEMPTED, True),  # a peer killed in its own stop: srun says 137
+        ("124 kill", "2", STALLED, True),
+        ("124 1", "", 1, False),  # an error wins: a requeue would only repeat it
+        ("kill kill", "", KILLED, False),  # no task reported: not known to be resumable
+        ("124 124", "3", STALLED, False),  # MAX_STALL_REQUEUES (3) restarts already
+        ("75 75", "40", PREEMPTED, True),  # a preempted run checkpointed: always requeued
+        # SIGTERM to all of each task: the per-task shell outlives it and reports train's 75.
+        ("term term", "", PREEMPTED, True),
+    ],
+)
+def test_slurm_sbatch_requeues_preempted_and_stalled_runs(tmp_path, tasks, restarts, want,
+                                                          requeued):  # fmt: skip
+    """The batch script with a stand-in srun that runs each task's command (a stand-in python
+    exits with that task's status, or srun kills the task first: "kill") and returns the highest
+    status, as srun does, and a stand-in scontrol: requeue on 75 (preempted, checkpointed) and on
+    124 (stalled: the watchdog's exit) or a mix of them with killed peers, the latter bounded by
+    SLURM_RESTART_COUNT; the script's status is the run's."""
     calls = tmp_path / "calls"
-    base = stand_ins(tmp_path, srun=f'echo "srun $*" >> {calls}; exit $SRUN_STATUS',
-                     scontrol=f'echo "scontrol $*" >> {calls}')  # fmt: skip
-    for srun_status, want in ((PREEMPTED, PREEMPTED), (0, 0), (1, 1)):
-        calls.write_text("")
-        env = dict(base, SLURM_JOB_ID="123", SRUN_STATUS=str(srun_status))
-        result = subprocess.run(
-            ["bash", str(LAUNCH / "slurm.sbatch"), "configs/caliber.py", str(tmp_path / "run")],
-            capture_output=True, text=True, env=env, timeout=30, check=False,
-        )  # fmt: skip
-        assert result.returncode == want, result.stderr
-        logged = calls.read_text().splitlines()
-        assert logged[0].startswith("srun ") and "caliber_jax.train" in logged[0]
-        assert logged[1:] == (["scontrol requeue 123"] if srun_status == PREEMPTED else [])
+    calls.write_text("")
+    srun = f"""
+        args="$*"; echo "srun ${{args//$'\n'/ }}" >> {calls}
+        while [[ $1 == -* ]]; do shift; done
+        status=0; id=0
+        for task in $TASKS; do
+          if [[ $task == kill ]]; then code={KILLED}
+          elif [[ $task == term ]]; then  # SLURM's SIGTERM to every process of the task
+            SLURM_PROCID=$id TASK_STATUS=75 WAIT_FOR_TERM=1 setsid "$@" &
+            pid=$!; sleep 1; kill -TERM -- -$pid; wait $pid; code=$?
+          else SLURM_PROCID=$id TASK_STATUS=$task "$@"; code=$?; fi
+          ((code > status)) && status=$code
+          id=$((id + 1))
+        done
+        exit $status"""
+    # train's orderly stop on SIGTERM: checkpoint, exit 75.
+    python = f"""
+        trap 'exit $TASK_STATUS' TERM
+        printf "%s|" "$@" > {tmp_path}/argv_$SLURM_PROCID
+        [[ -z ${{WAIT_FOR_TERM:-}} ]] || {{ sleep 20 & wait; }}
+        exit $TASK_STATUS"""
+    env = stand_ins(tmp_path, srun=srun, python=python, scontrol=f'echo "scontrol $*" >> {calls}')
+    env = dict(env, SLURM_JOB_ID="123", TASKS=tasks)
+    if restarts:
+        env["SLURM_RESTART_COUNT"] = restarts
+    workdir = tmp_path / "shared runs" / "caliber"  # a space: one argument all the way
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "slurm.sbatch"), "configs/caliber.py", str(workdir),
+         "--config.loss.lam=0.5"],
+        capture_output=True, text=True, env=env, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == want, result.stdout + result.stderr
+    logged = calls.read_text().splitlines()
+    assert logged[0].startswith("srun ") and "caliber_jax.train" in logged[0]
+    assert logged[1:] == (["scontrol requeue 123"] if requeued else []), result.stderr
+    if want == STALLED and not requeued:
+        assert "not requeueing (MAX_STALL_REQUEUES=3)" in result.stderr
+    if tasks[0] != "k":
+        argv = (tmp_path / "argv_0").read_text()
+        assert argv == (f"-m|caliber_jax.train|--config|configs/caliber.py|--workdir|{workdir}|"
+                        "--config.multihost=True|--config.loss.lam=0.5|")  # fmt: skip
+
+
+def test_slurm_sbatch_refuses_a_bad_requeue_bound(tmp_path):
+    env = dict(stand_ins(tmp_path, srun="exit 0"), MAX_STALL_REQUEUES="three")
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "slurm.sbatch"), "configs/caliber.py", str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "slurm.sbatch: MAX_STALL_REQUEUES=three: not a count"
+    ]
 
 
 @pytest.mark.parametrize(
