@@ -180,3 +180,32 @@ def test_tpu_pod_reports_the_workers_statuses(tmp_path, workers, ssh_status, wan
         capture_output=True, text=True, env=env, timeout=30, check=False,
     )  # fmt: skip
     assert result.returncode == want, result.stderr
+
+
+def test_tpu_pod_passes_every_argument_to_the_workers_intact(tmp_path):
+    """Arguments and paths with spaces, quotes and `$` reach `train` on each worker as they were
+    given: a stand-in gcloud runs the `--command` string with bash, as the worker's shell does."""
+    home = tmp_path / "worker home"
+    (home / "caliber_jax").mkdir(parents=True)
+    gcloud = f"""
+        printf "%s\\n" "$@" > {tmp_path}/gcloud_argv
+        while [[ $1 != --command ]]; do shift; done
+        cd "{home}" && bash -c "$2"
+        """
+    python = f'printf "%s\\n" "$@" > {tmp_path}/python_argv; exit 0'
+    env = stand_ins(tmp_path, gcloud=gcloud, python=python)
+    given = ["my tpu", "us-central2-b", "configs/my config.py", "gs://b/runs/it's $HOME",
+             "--config.data.dir=/data/two  spaces", '--config.note=say "hi"; exit 3']  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(LAUNCH / "tpu_pod.sh"), *given],
+        capture_output=True, text=True, env=env, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    gcloud_argv = (tmp_path / "gcloud_argv").read_text().splitlines()
+    assert gcloud_argv[:6] == ["compute", "tpus", "tpu-vm", "ssh", "my tpu", "--zone"]
+    assert (tmp_path / "python_argv").read_text().splitlines() == [
+        "-m", "caliber_jax.train", "--config", "configs/my config.py", "--workdir",
+        "gs://b/runs/it's $HOME", "--config.multihost=True", "--config.data.dir=/data/two  spaces",
+        '--config.note=say "hi"; exit 3',
+    ]  # fmt: skip
+    assert "caliber_jax exit status 0" in result.stdout
