@@ -186,9 +186,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.grad_chunk_rows = 0
     config.grad_chunk_rows_on_accelerator = False
     # Step watchdog (caliber_jax/watchdog.py): when no step completes within watchdog_factor x
-    # the slowest step so far (at least watchdog_min_s; factor x watchdog_min_s before the first
-    # step and during validation or a checkpoint save), every process dumps all its threads'
-    # stacks to stderr and exits 124, so a deadlocked run ends and a scheduler can requeue it
+    # the slowest step so far (at least watchdog_min_s; factor x watchdog_min_s in start-up, in a
+    # step whose batch shape is new, during validation or a checkpoint save and while closing),
+    # every process dumps all its threads' stacks to stderr and, unless a step completes in the
+    # grace period after that, exits 124, so a deadlocked run ends and a scheduler can requeue it
     # (resuming from the last checkpoint). 0 turns it off.
     config.watchdog_factor = 20.0
     config.watchdog_min_s = 120.0
