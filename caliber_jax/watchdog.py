@@ -122,6 +122,7 @@ class StepWatchdog:
             self._progress += 1
 
     def start(self) -> "StepWatchdog":
+        """Starts the watching thread (none when `factor` is 0); start-up is timed from now."""
         if self.factor > 0:
             with self._lock:
                 self._last = self._clock()
@@ -130,6 +131,7 @@ class StepWatchdog:
         return self
 
     def close(self) -> None:
+        """Stops watching, also in a grace period after a dump (the run ended after all)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
