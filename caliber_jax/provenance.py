@@ -4,8 +4,9 @@ Every results file `evaluate` writes carries a `provenance` block, and the study
 the copies they record under docs/. A later run restores a recorded result only when its config
 and data hashes equal the run's own (`check`); a restored result keeps its block with
 `restored: true`, and `mark` puts that in every table row it reaches. Records made before these
-fields existed say "unknown" for what cannot be established; they are restored and marked
-"restored, provenance unknown" (a known hash that differs is never restored). jax-free.
+fields existed say "unknown" for what cannot be established; they are refused unless the user
+asks (`--restore_unverified`), and then marked "restored, provenance unknown" (a known hash that
+differs is never restored). jax-free.
 """
 
 import datetime
@@ -25,9 +26,10 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit(repo: str | os.PathLike = _REPO) -> str:
-    """The checkout's HEAD commit (short), '+dirty' when tracked files outside docs/ differ from
-    it (a study writing its records into docs/ does not change the code that made them); UNKNOWN
-    outside a git checkout (an installed wheel)."""
+    """The checkout's HEAD commit (short), '+dirty' when files outside docs/ differ from it:
+    tracked files edited, or new files the checkout does not ignore (a module not yet committed).
+    A study writing its records into docs/ does not change the code that made them, nor do
+    ignored run folders and caches. UNKNOWN outside a git checkout (an installed wheel)."""
     git = dict(cwd=repo, check=True, capture_output=True, text=True)
     try:
         # Only this package's own checkout: an installed copy inside another repository (a venv
@@ -36,8 +38,9 @@ def git_commit(repo: str | os.PathLike = _REPO) -> str:
         if Path(top).resolve() != Path(repo).resolve():
             return UNKNOWN
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **git).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno", "--", ".",
-                                ":(exclude)docs"], **git).stdout.strip()  # fmt: skip
+        # Untracked files count too (`--porcelain` lists them, less what .gitignore ignores).
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--",
+                                ".", ":(exclude)docs"], **git).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return UNKNOWN
     return head + ("+dirty" if dirty else "")
@@ -119,17 +122,25 @@ def stamp(*, config: str, data: str) -> dict[str, Any]:
     }
 
 
-def check(recorded: Mapping[str, Any], *, config: str, data: str) -> str | None:
-    """Why a recorded result must not be restored into a run with these hashes, or None.
+def check(
+    recorded: Mapping[str, Any], *, config: str, data: str, restore_unverified: bool
+) -> str | None:
+    """Why a recorded result must not be restored into a run with these hashes, or None (one
+    line, for the caller to print).
 
-    A hash recorded as UNKNOWN (records older than these fields) does not block: the result is
-    restored and marked "provenance unknown"; a known one must be equal.
+    A known hash must equal this run's. A hash recorded as UNKNOWN (records older than these
+    fields) cannot be checked: refused unless `restore_unverified` (the user's
+    `--restore_unverified`), and then restored and marked "provenance unknown".
     """
     block = recorded.get(KEY) or {}
+    commit = block.get("commit", UNKNOWN)
     for name, current in (("config", config), ("data", data)):
         value = block.get(f"{name}_hash", UNKNOWN)
+        if value == UNKNOWN and not restore_unverified:
+            return (f"{name} hash unknown (recorded at commit {commit} before hashes were kept), "
+                    "so it cannot be checked against this run; --restore_unverified restores it "
+                    "anyway, marked 'provenance unknown'")  # fmt: skip
         if value != UNKNOWN and value != current:
-            commit = block.get("commit", UNKNOWN)
             return f"{name} hash differs (recorded {value} at commit {commit}, this run {current})"
     return None
 

@@ -213,17 +213,27 @@ def record_file(path: Path, root: Path, record: Path | None) -> None:
 
 
 def restore_result(
-    path: Path, root: Path, record: Path | None, *, config: str, data: str, who: str
+    path: Path,
+    root: Path,
+    record: Path | None,
+    *,
+    config: str,
+    data: str,
+    who: str,
+    restore_unverified: bool,
 ) -> bool:
     """Copies the recorded copy of `path` (a results JSON under `root` that the run lacks) into
-    the run when its recorded config and data hashes are this run's (`provenance.check`), with
-    its provenance marked restored. Prints one line when a record is refused. True when `path`
-    is now there from the record."""
+    the run when its recorded config and data hashes are this run's (`provenance.check`; one
+    with a hash never recorded only with `restore_unverified`), with its provenance marked
+    restored. Prints one line when a record is refused. True when `path` is now there from the
+    record."""
     recorded = None if record is None else record / path.relative_to(root)
     if path.is_file() or recorded is None or not recorded.is_file():
         return False
     saved = _load_json(recorded)
-    refused = provenance.check(saved, config=config, data=data)
+    refused = provenance.check(
+        saved, config=config, data=data, restore_unverified=restore_unverified
+    )
     if refused:
         print(f"{who}: {recorded.relative_to(record)} not restored: {refused}", flush=True)
         return False

@@ -151,6 +151,11 @@ def main() -> None:
         "--recompute", action="store_true",
         help="(--preset mpnet, mpnet-long) ignore every record: compute each result again",
     )  # fmt: skip
+    parser.add_argument(
+        "--restore_unverified", action="store_true",
+        help="(--preset mpnet, mpnet-long) also restore records whose config or data hash was "
+        "never recorded (marked 'provenance unknown')",
+    )  # fmt: skip
     parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
     if args.preset in ("mpnet", "mpnet-long"):

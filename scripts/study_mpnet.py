@@ -19,8 +19,9 @@ provenance (`caliber_jax/provenance.py`: commit, config hash, data hash, machine
 is restored only when every one of its records has this run's config hash (the resolved training
 config and the evaluation arguments, paths by name) and data hash (the bytes of FinanceBench and
 NumGap), and the run names each refused record in one line. Records older than these fields are
-restored and marked "restored, provenance unknown"; `--recompute` ignores every record. The
-tables mark each restored row, and the run ends with the rows computed now and those restored.
+refused unless `--restore_unverified`, then marked "restored, provenance unknown"; `--recompute`
+ignores every record. The tables mark each restored row, and the run ends with the rows
+computed now and those restored.
 """
 
 import json
@@ -233,6 +234,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     record_dir = REPO / "docs" / name if args.record is None else args.record
     record = Path(record_dir).resolve() if record_dir else None
     recompute = getattr(args, "recompute", False)
+    restore_unverified = getattr(args, "restore_unverified", False)
     state_path = out / "study.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     recorded_path = None if record is None else record / "study.json"
@@ -326,7 +328,8 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             return False
         refused = [
             provenance.check(json.loads((record / path.relative_to(out)).read_text()),
-                             config=config_hash(label, tasks), data=data_hash)
+                             config=config_hash(label, tasks), data=data_hash,
+                             restore_unverified=restore_unverified)
             for path, tasks in zip(paths, groups, strict=True) if not path.is_file()
         ]  # fmt: skip
         if any(refused):
@@ -337,7 +340,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             return False
         for path, tasks in zip(paths, groups, strict=True):
             restore_result(path, out, record, config=config_hash(label, tasks), data=data_hash,
-                           who="study")  # fmt: skip
+                           who="study", restore_unverified=restore_unverified)  # fmt: skip
         print(f"study: {label} restored from {record}", flush=True)
         # What the recorded state kept beside the results (training summary, validation curve).
         for key in ("train_summary", "validation"):

@@ -23,9 +23,10 @@ machine, a fresh clone) restores the recorded points into `<output>/points/` and
 trained models are not recorded: `--test` on a restored point needs its model directory. A point
 is restored only when its recorded config hash (the resolved config with the point's overrides
 and the evaluation arguments) and data hash (FinanceBench and the NumGap split) are this run's
-(`caliber_jax/provenance.py`); records older than these fields are restored and marked
-"restored, provenance unknown"; `--recompute` ignores every record. The table marks restored
-points, and the run ends with the points computed now and those restored.
+(`caliber_jax/provenance.py`); records older than these fields are refused unless
+`--restore_unverified`, then marked "restored, provenance unknown"; `--recompute` ignores every
+record. The table marks restored points, and the run ends with the points computed now and
+those restored.
 """
 
 import argparse
@@ -200,11 +201,17 @@ def point_hashes(
 
 
 def restore_points(
-    record: Path | None, out: Path, hashes: Mapping[str, str], data: str
+    record: Path | None,
+    out: Path,
+    hashes: Mapping[str, str],
+    data: str,
+    *,
+    restore_unverified: bool,
 ) -> list[str]:
     """Restores every recorded point (`points/<name>.json` with its `results/<name>.dev.json`)
-    that `out` lacks and whose recorded hashes are `hashes[name]` and `data`; returns their
-    names. A refused or unknown point gets one line."""
+    that `out` lacks and whose recorded hashes are `hashes[name]` and `data` (a hash never
+    recorded: only with `restore_unverified`); returns their names. A refused or unknown point
+    gets one line."""
     if record is None or not (record / "points").is_dir():
         return []
     restored = []
@@ -215,9 +222,11 @@ def restore_points(
         if name not in hashes:
             print(f"sweep: {name} not restored: no grid of this code makes that point", flush=True)
             continue
-        if restore_result(target, out, record, config=hashes[name], data=data, who="sweep"):
+        options = dict(config=hashes[name], data=data, who="sweep",
+                       restore_unverified=restore_unverified)  # fmt: skip
+        if restore_result(target, out, record, **options):
             dev = out / "results" / f"{name}.dev.json"
-            restore_result(dev, out, record, config=hashes[name], data=data, who="sweep")
+            restore_result(dev, out, record, **options)
             restored.append(name)
     return restored
 
@@ -373,6 +382,9 @@ def main() -> None:
                         "restored from; '' = off")  # fmt: skip
     parser.add_argument("--recompute", action="store_true",
                         help="ignore every record: compute each point again")  # fmt: skip
+    parser.add_argument("--restore_unverified", action="store_true",
+                        help="also restore records whose config or data hash was never "
+                        "recorded (marked 'provenance unknown')")  # fmt: skip
     parser.add_argument("--checkpoints", default="", help="comma list of mid-run steps to also "
                         "score for every trained point (<name>_at<step>)")  # fmt: skip
     parser.add_argument("--interpolate", default="", help="comma list of alphas: also score "
@@ -408,7 +420,8 @@ def main() -> None:
     test_data = provenance.data_hash([financebench, data / "numgap_test.jsonl"])
     recorded = sorted(p.stem for p in restore_from.glob("points/*.json")) if restore_from else []
     hashes = point_hashes(recorded, common, common_eval, teacher_dir)
-    for name in restore_points(restore_from, out, hashes, dev_data):
+    for name in restore_points(restore_from, out, hashes, dev_data,
+                               restore_unverified=args.restore_unverified):  # fmt: skip
         print(f"sweep: {name} restored from {record}", flush=True)
 
     grid = [point for name in filter(None, args.grid.split(",")) for point in GRIDS[name]]
@@ -477,7 +490,8 @@ def main() -> None:
         point = json.loads((points_dir / f"{name}.json").read_text())
         target = out / "results" / f"{name}.test.json"
         config = point_hashes([name], common, common_eval, teacher_dir).get(name, "")
-        restore_result(target, out, restore_from, config=config, data=test_data, who="sweep")
+        restore_result(target, out, restore_from, config=config, data=test_data, who="sweep",
+                       restore_unverified=args.restore_unverified)  # fmt: skip
         if not target.exists() and not Path(point["model"]).exists():
             sys.exit(f"error: {points_dir / (name + '.json')}: model {point['model']} is gone "
                      "(a restored point?); delete its record and JSON to retrain")  # fmt: skip

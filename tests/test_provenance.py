@@ -40,14 +40,29 @@ def test_data_hash_follows_the_bytes(tmp_path):
     assert provenance.data_hash([tmp_path / "missing.jsonl"]) != provenance.data_hash([first])
 
 
-def test_check_refuses_a_known_hash_that_differs_only():
+def test_check_refuses_a_known_hash_that_differs_and_an_unknown_one_unless_asked():
     block = {"commit": "abc", "config_hash": "c1", "data_hash": "d1"}
-    assert provenance.check({"provenance": block}, config="c1", data="d1") is None
-    assert "config hash differs" in provenance.check({"provenance": block}, config="c2", data="d1")
-    assert "data hash differs" in provenance.check({"provenance": block}, config="c1", data="d2")
+    for unverified in (False, True):
+        options = dict(restore_unverified=unverified)
+        assert provenance.check({"provenance": block}, config="c1", data="d1", **options) is None
+        assert "config hash differs" in provenance.check(
+            {"provenance": block}, config="c2", data="d1", **options
+        )
+        assert "data hash differs" in provenance.check(
+            {"provenance": block}, config="c1", data="d2", **options
+        )
+    # A hash never recorded (records older than these fields, or no block at all): refused
+    # with one line that names the way to restore it anyway, restored when asked.
     unknown = {**block, "config_hash": "unknown", "data_hash": "unknown"}
-    assert provenance.check({"provenance": unknown}, config="c2", data="d2") is None
-    assert provenance.check({}, config="c2", data="d2") is None  # no block at all
+    for recorded in ({"provenance": unknown}, {}):
+        reason = provenance.check(recorded, config="c2", data="d2", restore_unverified=False)
+        assert reason and "config hash unknown" in reason and "--restore_unverified" in reason
+        assert "\n" not in reason
+        assert provenance.check(recorded, config="c2", data="d2", restore_unverified=True) is None
+    only_data = {**block, "data_hash": "unknown"}
+    reason = provenance.check({"provenance": only_data}, config="c1", data="d2",
+                              restore_unverified=False)  # fmt: skip
+    assert reason.startswith("data hash unknown (recorded at commit abc")
 
 
 def test_marks_and_summary_lines():
@@ -88,10 +103,31 @@ def test_git_commit_is_dirty_for_code_not_for_records(tmp_path):
     assert provenance.git_commit(tmp_path) == head + "+dirty"
 
 
-def test_every_record_under_docs_carries_provenance(tmp_path):
+def test_git_commit_is_dirty_for_an_untracked_module_not_an_ignored_file(tmp_path):
+    """A new module not yet committed changes the code as much as an edit does; files the
+    checkout ignores (.gitignore: run folders, caches) and new records under docs/ do not."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("runs/\n*.pyc\n")
+    (tmp_path / "m.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = provenance.git_commit(tmp_path)
+    assert "+" not in head
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "m.pyc").write_bytes(b"\0")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "new_record.json").write_text("{}")
+    assert provenance.git_commit(tmp_path) == head
+    (tmp_path / "helper.py").write_text("y = 2\n")
+    assert provenance.git_commit(tmp_path) == head + "+dirty"
+
+
+def test_every_record_under_docs_carries_provenance(tmp_path, capsys):
     """Each recorded result (studies and sweep) has the five fields; the records made before
-    them say so, restore, and are marked 'provenance unknown' with the commit that recorded
-    them."""
+    them say so, are refused with one line unless `restore_unverified`, and then restore marked
+    'provenance unknown' with the commit that recorded them."""
     sys.path.insert(0, str(REPO / "scripts"))
     from stages import restore_result
 
@@ -107,7 +143,14 @@ def test_every_record_under_docs_carries_provenance(tmp_path):
         assert block and all(block.get(field) for field in FIELDS), path
     record = REPO / "docs" / "sweep"
     path = tmp_path / "points" / "teacher.json"
-    assert restore_result(path, tmp_path, record, config="c", data="d", who="test")
+    assert not restore_result(path, tmp_path, record, config="c", data="d", who="test",
+                              restore_unverified=False)  # fmt: skip
+    assert not path.exists()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("test: points/teacher.json not restored: ")
+    assert "unknown" in lines[0] and "--restore_unverified" in lines[0]
+    assert restore_result(path, tmp_path, record, config="c", data="d", who="test",
+                          restore_unverified=True)  # fmt: skip
     commit = json.loads((record / "points" / "teacher.json").read_text())["provenance"]["commit"]
     assert commit != "unknown"
     assert provenance.mark(json.loads(path.read_text())) == (

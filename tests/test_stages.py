@@ -180,14 +180,20 @@ def test_restore_result_only_with_this_runs_hashes_and_marks_it(tmp_path, capsys
     _result(record / "results" / "a.json", block)
     target = root / "results" / "a.json"
     # Another config: not restored, one line naming both hashes and the record's commit.
-    assert not restore_result(target, root, record, config="x" * 16, data="d" * 16, who="t")
+    assert not restore_result(
+        target, root, record, config="x" * 16, data="d" * 16, who="t", restore_unverified=False
+    )
     line = capsys.readouterr().out.strip()
     assert line == (f"t: results/a.json not restored: config hash differs (recorded {'c' * 16} "
                     f"at commit {block['commit']}, this run {'x' * 16})")  # fmt: skip
     assert not target.exists()
-    assert not restore_result(target, root, record, config="c" * 16, data="e" * 16, who="t")
+    assert not restore_result(
+        target, root, record, config="c" * 16, data="e" * 16, who="t", restore_unverified=False
+    )
     assert "data hash differs" in capsys.readouterr().out
-    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    assert restore_result(
+        target, root, record, config="c" * 16, data="d" * 16, who="t", restore_unverified=False
+    )
     restored = json.loads(target.read_text())
     assert restored["provenance"] == {**block, "restored": True}
     assert provenance.mark(restored) == f" (restored @{block['commit']})"
@@ -196,18 +202,25 @@ def test_restore_result_only_with_this_runs_hashes_and_marks_it(tmp_path, capsys
     assert json.loads((record / "results" / "a.json").read_text())["provenance"] == block
 
 
-def test_a_record_without_provenance_is_restored_as_unknown(tmp_path):
+def test_a_record_without_provenance_is_refused_unless_asked_then_marked_unknown(tmp_path, capsys):
     root, record = tmp_path / "run", tmp_path / "record"
     _result(record / "results" / "old.json", None)
     target = root / "results" / "old.json"
-    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    assert not restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t",
+                              restore_unverified=False)  # fmt: skip
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("t: results/old.json not restored: config hash unknown (recorded at ")
+    assert "--restore_unverified" in line and not target.exists()
+    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t",
+                          restore_unverified=True)  # fmt: skip
     restored = json.loads(target.read_text())
     assert restored["provenance"]["config_hash"] == "unknown"
     assert provenance.mark(restored) == " (restored, provenance unknown)"
     # ...and a record whose commit is known but whose config hash is not says both.
     _result(record / "results" / "dated.json", {"commit": "010f3d1", "config_hash": "unknown"})
     target = root / "results" / "dated.json"
-    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t")
+    assert restore_result(target, root, record, config="c" * 16, data="d" * 16, who="t",
+                          restore_unverified=True)  # fmt: skip
     assert provenance.mark(json.loads(target.read_text())) == (
         " (restored @010f3d1, provenance unknown)"
     )

@@ -271,8 +271,9 @@ def test_recorded_study_restores_into_a_fresh_output_and_reruns_nothing(
 def test_records_of_another_config_or_recompute_are_not_restored(
     minilm_dir, tmp_path, monkeypatch, capsys
 ):
-    """A record whose config hash is not this run's is not restored (the model is trained and
-    evaluated again, and the run says why in one line); `--recompute` ignores every record."""
+    """A record whose config hash is not this run's, or was never recorded (unless
+    `--restore_unverified`), is not restored (the model is trained and evaluated again, and the
+    run says why in one line); `--recompute` ignores every record."""
     import argparse
     import json
 
@@ -299,6 +300,29 @@ def test_records_of_another_config_or_recompute_are_not_restored(
                      f"{current['provenance']['config_hash']}); computing it"]  # fmt: skip
     report = (tmp_path / "second" / "study.md").read_text()
     assert "| Caliber lp s0 | numgap | now |" in report and "| LEAF lp s0 (restored @" in report
+
+    # A record whose config hash was never recorded: computed again, one line naming the flag;
+    # restored (and marked) only with --restore_unverified.
+    path = record / "results/LEAF_lp_s0/numgap.json"
+    saved = json.loads(path.read_text())
+    saved["provenance"]["config_hash"] = "unknown"
+    path.write_text(json.dumps(saved))
+    unverified: list[str] = []
+    args.output = str(tmp_path / "unverified")
+    study_mpnet.run_study(args, fake_stage(unverified))
+    assert [stage for stage in unverified if stage.startswith("train")] == ["train LEAF lp s0"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not restored" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "study: LEAF lp s0 not restored: config hash unknown (recorded at commit "
+    )  # fmt: skip
+    assert "--restore_unverified" in lines[0]
+    path.write_text(json.dumps(saved))  # the run above recorded its own result over it
+    args.output, args.restore_unverified = str(tmp_path / "asked"), True
+    asked: list[str] = []
+    study_mpnet.run_study(args, fake_stage(asked))
+    assert not [stage for stage in asked if stage.startswith("train")]
+    assert ", provenance unknown)" in (tmp_path / "asked" / "study.md").read_text()
+    args.restore_unverified = False
 
     args.output, args.recompute = str(tmp_path / "third"), True
     third: list[str] = []

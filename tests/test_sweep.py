@@ -149,14 +149,16 @@ def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path
     sweep.write_json(record / "points" / "gone.json", point("gone", 0.9, 0.9))  # no grid has it
     # Another config hash for "a": nothing restored, one line each for "a" and "gone".
     hashes = {"a": "x" * 16, "b": "c" * 16}
-    assert sweep.restore_points(record, fresh, hashes, "d" * 16) == []
+    known = dict(restore_unverified=False)  # every record here carries its hashes
+    assert sweep.restore_points(record, fresh, hashes, "d" * 16, **known) == []
     said = capsys.readouterr().out.splitlines()
     assert said == [
         f"sweep: points/a.json not restored: config hash differs (recorded {'c' * 16} at commit "
         f"{block['commit']}, this run {'x' * 16})",
         "sweep: gone not restored: no grid of this code makes that point",
     ]
-    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16) == ["a"]
+    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16,
+                                **known) == ["a"]  # fmt: skip
     assert [p["name"] for p in sweep.load_points(fresh / "points")] == ["a", "b"]
     assert sweep.load_points(fresh / "points")[1]["scores"]["D/overall"] == 0.2  # not overwritten
     dev = json.loads((fresh / "results" / "a.dev.json").read_text())
@@ -164,8 +166,9 @@ def test_records_restore_into_a_fresh_output_without_overwriting(sweep, tmp_path
     # The table says which point was restored, from which commit.
     table = sweep.format_table(sweep.summarise(sweep.load_points(fresh / "points")))
     assert f"| **a (restored @{block['commit']})** |" in table and "| **b** |" in table
-    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16) == []
-    assert sweep.restore_points(tmp_path / "no-record", fresh, hashes, "d" * 16) == []
+    assert sweep.restore_points(record, fresh, {**hashes, "a": "c" * 16}, "d" * 16,
+                                **known) == []  # fmt: skip
+    assert sweep.restore_points(tmp_path / "no-record", fresh, hashes, "d" * 16, **known) == []
 
 
 def test_point_hashes_follow_the_resolved_config_not_the_run_folder(sweep, tmp_path):
