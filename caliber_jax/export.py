@@ -60,6 +60,7 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     )
     params, step = checkpoint.restore_params(workdir / "checkpoints", step=step)
     flat = embedding.params_to_flat(params)
+    other_step = None
     if blend_with is not None and interpolate is None:
         raise ValueError("export: blend_with needs interpolate (the share of this run's weights)")
     if interpolate is not None and blend_with is not None:
@@ -71,7 +72,8 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
                     f"export: blend_with {other_dir}: model.{field} is {other.get(field)!r}, "
                     f"this run's {model.get(field)!r} (a soup needs the same student)"
                 )
-        other_params, _ = checkpoint.restore_params(other_dir / "checkpoints")
+        # Its latest checkpoint, whose step the record keeps (the run may train on).
+        other_params, other_step = checkpoint.restore_params(other_dir / "checkpoints")
         flat = interpolate_params(embedding.params_to_flat(other_params), flat, interpolate)
     elif interpolate is not None:
         initial = embedding.load_flat_params(model.init_dir, spec, seed=config.seed)
@@ -103,6 +105,7 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         record["interpolate"] = float(interpolate)
     if blend_with is not None:
         record["blend_with"] = str(blend_with)
+        record["blend_step"] = int(other_step)
     hf.save_json(record, output / DONE_FILE)
     return output
 

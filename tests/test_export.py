@@ -27,9 +27,11 @@ TEXTS = [
 
 
 def make_workdir(
-    tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, max_length=128, pooling="mean"
-):
-    """A training workdir as `train.py` leaves it: resolved config.json and one checkpoint."""
+    tmp_path, init_dir, *, num_layers=None, out_dim=None, seed=0, max_length=128, pooling="mean",
+    at_step=7,
+):  # fmt: skip
+    """A training workdir as `train.py` leaves it: resolved config.json and one checkpoint (at
+    step `at_step`)."""
     config = ml_collections.ConfigDict(
         {
             "seed": seed,
@@ -61,7 +63,7 @@ def make_workdir(
     with checkpoint.make_manager(
         workdir / "checkpoints", max_to_keep=1, save_interval_steps=1
     ) as m:
-        checkpoint.save(m, 7, state, data_iter, force=True)
+        checkpoint.save(m, at_step, state, data_iter, force=True)
     return workdir, spec, flat
 
 
@@ -172,12 +174,13 @@ def test_interpolate_blends_initial_and_trained_weights(minilm_dir, tmp_path, ou
 @pytest.mark.parametrize("out_dim", [None, 128])
 def test_blend_with_mixes_two_trained_runs(minilm_dir, tmp_path, out_dim):
     """A soup of two runs from the same start: (1 - alpha) * other + alpha * this, tensor by
-    tensor; the record names the other run; a different student or no alpha is refused."""
+    tensor; the record names the other run and its step; a different student or no alpha is
+    refused."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     this, spec, trained = make_workdir(tmp_path / "a", minilm_dir, num_layers=3, out_dim=out_dim)
     other, _, other_trained = make_workdir(
-        tmp_path / "b", minilm_dir, num_layers=3, out_dim=out_dim, seed=1
+        tmp_path / "b", minilm_dir, num_layers=3, out_dim=out_dim, seed=1, at_step=11
     )
     out = export(this, tmp_path / "soup", interpolate=0.25, blend_with=other)
     reloaded = embedding.load_flat_params(out, embedding.read_spec(out))
@@ -189,6 +192,8 @@ def test_blend_with_mixes_two_trained_runs(minilm_dir, tmp_path, out_dim):
                            trained["encoder.layer.0.query.kernel"])  # fmt: skip
     record = json.loads((out / "caliber_export.json").read_text())
     assert record["blend_with"] == str(other) and record["interpolate"] == 0.25
+    # Both runs' checkpoint steps: the other run's latest checkpoint moves as it trains on.
+    assert record["step"] == 7 and record["blend_step"] == 11
     with pytest.raises(ValueError, match="blend_with needs interpolate"):
         export(this, tmp_path / "x", blend_with=other)
     (tmp_path / "c").mkdir()
