@@ -15,11 +15,15 @@ jax.
 
 import collections
 import concurrent.futures
+import datetime
+import email.utils
 import hashlib
 import json
+import math
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,9 @@ ENDPOINTS = ("chat", "completions")
 # Sent when no key is configured: local servers ignore it (vLLM's documented placeholder);
 # `openai` refuses to build a client without one.
 NO_KEY = "EMPTY"
+# Names of this machine's loopback interface: one server whichever the config spells.
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class RequestError(RuntimeError):
@@ -43,10 +50,31 @@ class MalformedResponse(ValueError):
     """A 200 whose body is not a JSON object with a `choices` list."""
 
 
+def api_root(base_url: str) -> str:
+    """The server's API root as the client calls it: no trailing slash, "/v1" at the end."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def server_name(base_url: str) -> str:
+    """One spelling per server, for the cache key: scheme and host in lower case, loopback
+    names (`LOOPBACK`) as "localhost", a scheme's default port dropped, the path as `api_root`
+    gives it. "http://127.0.0.1:8000/" and "http://LocalHost:8000/v1" are one server."""
+    parts = urllib.parse.urlsplit(api_root(base_url.strip()))
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    host = "localhost" if host in LOOPBACK else host
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address keeps its brackets
+    port = parts.port
+    netloc = shown if port in (None, DEFAULT_PORTS.get(scheme)) else f"{shown}:{port}"
+    return urllib.parse.urlunsplit((scheme, netloc, parts.path, "", ""))
+
+
 def request_key(base_url: str, endpoint: str, payload: dict[str, Any]) -> str:
-    """Cache key: SHA-256 of the canonical JSON of (server, endpoint, payload)."""
+    """Cache key: SHA-256 of the canonical JSON of (server, endpoint, payload), the server as
+    `server_name` spells it."""
     blob = json.dumps(
-        {"base_url": base_url, "endpoint": endpoint, "payload": payload}, sort_keys=True
+        {"base_url": server_name(base_url), "endpoint": endpoint, "payload": payload},
+        sort_keys=True,
     )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -121,8 +149,7 @@ class OpenAIClient:
             raise ValueError(
                 f"need concurrency >= 1 and max_retries >= 0, got {concurrency}, {max_retries}"
             )
-        base = base_url.rstrip("/")
-        self.base_url = base if base.endswith("/v1") else base + "/v1"
+        self.base_url = api_root(base_url)
         self.model = model
         api_key = os.environ.get(api_key_env) if api_key_env else None
         # Retries are ours (max_retries=0 here): one policy and one backoff for every transient
@@ -238,13 +265,32 @@ def _is_connect_error(error: BaseException | None) -> bool:
 
 
 def _retry_after(headers: Any) -> float | None:
-    """Seconds from `retry-after-ms` or `retry-after` (numbers only), else None."""
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date), at
+    least 0; None when neither header is there or makes sense (NaN, other text): the backoff
+    then applies."""
     for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-        try:
-            return float(headers[name]) * scale
-        except (KeyError, ValueError):
+        value = headers.get(name)
+        if value is None:
             continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            seconds = _seconds_until(value) if name == "retry-after" else None
+        if seconds is not None and not math.isnan(seconds):
+            return max(0.0, seconds)  # a negative wait means none (time.sleep would raise)
     return None
+
+
+def _seconds_until(http_date: str) -> float | None:
+    """Seconds from now to an HTTP date ("Wed, 21 Oct 2015 07:28:00 GMT"), None if it is not
+    one."""
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000": UTC by RFC 5322
+        when = when.replace(tzinfo=datetime.UTC)
+    return (when - datetime.datetime.now(datetime.UTC)).total_seconds()
 
 
 def choice_texts(response: dict[str, Any]) -> list[str]:

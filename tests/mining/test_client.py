@@ -4,9 +4,11 @@ The server (http.server on 127.0.0.1, port 0) answers /v1/chat/completions and /
 with log-probabilities, can fail the next requests with chosen statuses, and counts requests.
 """
 
+import email.utils
 import http.server
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -355,3 +357,51 @@ def test_cache_key_includes_the_server(server, tmp_path):
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_retry_after_negative_or_unparseable_never_reaches_sleep_as_negative(server, tmp_path):
+    """A negative Retry-After (or -ms) waits 0 s; NaN and text that is no date fall back to the
+    backoff; an HTTP date waits until then (0 s once past). With the real `time.sleep` a
+    negative or NaN delay would raise."""
+    sleeps = []
+    client = make_client(server, tmp_path, sleeps=sleeps, retries=6)
+    past = email.utils.formatdate(time.time() - 3600, usegmt=True)
+    server.failures = [(429, {"Retry-After": "-5"}), (503, {"retry-after-ms": "-250"}),
+                       (429, {"Retry-After": "nan"}), (429, {"Retry-After": "soon"}),
+                       (503, {"Retry-After": past}), 200]  # fmt: skip
+    assert client_lib.choice_texts(client.complete("wait")) == ["1"]
+    assert sleeps == [0.0, 0.0, 2.0, 4.0, 0.0]
+    future = email.utils.formatdate(time.time() + 5, usegmt=True)
+    delay = client_lib._retry_after({"retry-after": future})
+    assert 3.0 < delay <= 5.0
+    real = make_client(server, tmp_path, retries=1, cache=False)
+    real.sleep_fn = time.sleep
+    server.failures = [(429, {"Retry-After": "-5"}), 200]
+    assert client_lib.choice_texts(real.complete("real sleep")) == ["1"]
+
+
+def test_cache_key_names_the_server_one_way(server, tmp_path):
+    """localhost and 127.0.0.1, a trailing slash, the host's case and an explicit default port
+    name the same server: one cache entry serves them all; another port is another server."""
+    port = server.server_address[1]
+    same = [f"http://127.0.0.1:{port}/v1", f"http://localhost:{port}/v1/",
+            f"HTTP://LocalHost:{port}", f"http://127.0.0.1:{port}//"]  # fmt: skip
+    keys = {client_lib.request_key(url, "chat", {"a": 1}) for url in same}
+    assert len(keys) == 1
+    assert client_lib.request_key("http://example.com:80/v1", "chat", {}) == (
+        client_lib.request_key("http://EXAMPLE.com/v1/", "chat", {})
+    )
+    assert client_lib.request_key(f"http://127.0.0.1:{port + 1}/v1", "chat", {"a": 1}) not in keys
+    assert client_lib.request_key("https://example.com/v1", "chat", {}) != (
+        client_lib.request_key("http://example.com/v1", "chat", {})
+    )
+    first = make_client(server, tmp_path)
+    assert client_lib.choice_texts(first.complete("once")) == ["1"]
+    for url in same[1:]:
+        other = client_lib.OpenAIClient(
+            base_url=url, model="local-model", api_key_env=None, cache_dir=tmp_path / "cache",
+            max_retries=0, backoff_seconds=0.5, max_backoff_seconds=10.0, concurrency=1,
+            timeout_seconds=10.0,
+        )  # fmt: skip
+        assert client_lib.choice_texts(other.complete("once")) == ["1"]
+    assert len(server.requests) == 1
