@@ -7,9 +7,9 @@
 The step is the one `caliber_jax.train` builds for configs/caliber.py (`training_path.choose` and
 `make_train_step`: one program, state donated, lambda and m as traced scalars): float32 master
 weights, bf16 compute, AdamW with clipping, eq. 4. Its batch is the longest one an epoch of
-configs/caliber.py meets: B = 32 rows of max_length tokens and the compact pi(x) layout's P = 16
-rows, built by the training loader (`pipeline.make_batch_fn`) from passages that tokenize past
-max_length.
+configs/caliber.py could meet: B = 32 passages of max_length tokens and P = 16 pi(x), packed one
+per row of max_length (B + P rows), built by the training loader (`pipeline.make_batch_fn`) from
+passages that tokenize past max_length.
 
 Parts, each in its own subprocess (so `peak_rss_bytes`, the child's `ru_maxrss`, is that part's):
   compile-{unrolled,scan}-{none,full,dots}: layers unrolled or as one `lax.scan`, remat off,
@@ -163,20 +163,14 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         process_count=1,
         local_devices=1,
         pack_length=config.data.pack_length,
-        pert_rows_multiple=config.data.pert_rows_multiple,
-        grad_chunk_rows=config.get("grad_chunk_rows", 0),
-        grad_chunk_rows_on_accelerator=config.get("grad_chunk_rows_on_accelerator", False),
-        split_update=config.get("split_update", False),
+        pack_rungs=config.data.pack_rungs,
         compile_ahead=False,
         scan_layers=scan,
     )
-    if path.step_form != "one_program":
-        raise ValueError(f"{args.config}: step {path.step_form}; this benchmark times one program")
     weights = {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
     train_step = training_path.make_train_step(
         path, graphdef=graphdef, optimizer=optimizer, schedule=schedule, loss_args=loss_args,
         weights=weights, mesh=mesh, state_shardings=state_shardings,
-        pooled_shape=(2 * config.batch_size, model_config.hidden_size),
     )  # fmt: skip
     jitted = train_step.jitted
     batch = longest_batch(
@@ -227,11 +221,13 @@ def longest_batch(config, dim: int, pert_share: float, tokenization, pipeline) -
             drop_remainder=True,
             pert_rows_multiple=data.pert_rows_multiple,
             bucket_growth=data.bucket_growth,
-            pack_length=data.pack_length,
+            # Every sequence at max_length: one per packed row of max_length, B + P rows.
+            pack_length=length,
             pack_rows_multiple=data.pack_rows_multiple,
+            pack_rungs=data.pack_rungs,
         )
         batch = batch_fn(0)
-    assert batch["input_ids"].shape[1] == length, batch["input_ids"].shape
+    assert batch["packed_ids"].shape[1] == length, batch["packed_ids"].shape
     return {k: np.asarray(v) for k, v in batch.items()}
 
 
@@ -289,12 +285,13 @@ def run_part(args, name: str) -> dict:
             cpu_seconds.append(time.process_time() - cpu)
             losses.append(float(metrics["train/loss"]))
         out["step_cpu_s"] = cpu_seconds
-        lengths = common.real_lengths(jax.device_get(batch))
+        # Packed rows: slot 2B marks padding (the x and pi(x) slots are below it).
+        slots = np.asarray(jax.device_get(batch)["packed_slots"])
         out.update(
             step_s=seconds,
             loss=losses,
-            real_tokens=int(np.sum(lengths)),
-            token_slots=int(batch["input_ids"].size + batch["pert_input_ids"].size),
+            real_tokens=int(np.sum(slots < 2 * len(jax.device_get(batch)["has_pert"]))),
+            token_slots=int(slots.size),
         )
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out

@@ -7,10 +7,13 @@ Both frameworks get the same batches and the same weights. Batches come from the
 pipeline itself: real filings passages (a seeded share of them with a pi(x)) and random teacher
 vectors are written as a `pipeline.TrainSource`, and `pipeline.make_loader` cuts, tokenizes and pads
 one epoch with the data settings of the preset's config (`configs/demo.py` on CPU, `configs/
-caliber.py` on GPU: bucket ladder, length grouping, compact pi(x) rows); a few batches, taken at
-evenly spaced quantiles of their token count, stand for the epoch. JAX runs `step.train_step`
-jitted as `train.py` jits it (state donated) with the config's loss and optimizer; attention is
-the library's `attention=` option. PyTorch is the authors' recipe as one writes it in PyTorch
+caliber.py` on GPU): padded rows for PyTorch (bucket ladder, length grouping), and the same
+steps' passages in the packed rows `train` runs (`data.pack_length`, `data.pack_rungs`) for JAX;
+a few batches, taken at evenly spaced quantiles of their token count, stand for the epoch. JAX
+runs the step `caliber_jax.train` builds (`training_path.choose` and `make_train_step` from the
+config: the config's whole loss, lambda and m traced, its optimizer and schedule, state donated,
+the same shardings); attention is the library's `attention=` option. PyTorch is the authors'
+recipe as one writes it in PyTorch
 (`benchmarks/torch_reference.py`): transformers' model with SDPA attention, a forward over x
 padded to the batch max, a second forward over only the perturbed rows, the same loss (eq. 4),
 gradient clipping, fused AdamW, bf16 autocast on GPU.
@@ -50,7 +53,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks import common, profile_summary, torch_reference  # noqa: E402
-from caliber_jax import host, optim, step, tokenization  # noqa: E402
+from caliber_jax import host, optim, sharding, step, tokenization, training_path  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 from caliber_jax.models import embedding  # noqa: E402
 
@@ -252,7 +255,8 @@ def epoch_batches(args, source, tokenizer, *, pack_length: int) -> list[dict[str
         pert_rows_multiple=args.pert_rows_multiple,
         bucket_growth=args.bucket_growth,
         pack_length=pack_length,
-        pack_rows_multiple=args.config.data.get("pack_rows_multiple", 1),
+        pack_rows_multiple=data.pack_rows_multiple,
+        pack_rungs=data.pack_rungs,
     )
     return list(loader)
 
@@ -284,28 +288,33 @@ def token_slots(batch: dict[str, np.ndarray]) -> int:
     return batch["input_ids"].size + batch["pert_input_ids"].size
 
 
-def loss_args(config) -> dict:
-    """The loss settings of the config, as `step.train_step` takes them."""
+def loss_args(config) -> tuple[dict, dict]:
+    """The config's loss as `train` passes it: `make_train_step`'s static `loss_args`, and the
+    traced weights (lambda and m)."""
     loss = config.loss
-    return dict(
-        lam=loss.lam,
-        margin=loss.margin,
+    static = dict(
         reduction=loss.reduction,
         objective=loss.get("objective", "caliber"),
         perturb_weight=loss.get("perturb_weight", 1.0),
+        structure_weight=loss.structure_weight,
+        query_weight=loss.get("query_weight", 0.0),
+        query_passages=loss.get("query_passages", "both"),
     )
+    return static, {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
 
 
 # ----------------------------------------------------------------------------- JAX
 
 
 class JaxRunner:
-    """`step.train_step` jitted as `train.py` does (state donated), on device-resident batches."""
+    """The train step `caliber_jax.train` builds for the config (`training_path.make_train_step`:
+    one jitted program per row count, state donated), on device-resident batches."""
 
     name = "jax"
 
     def __init__(self, args, student, batches):
         self.device = jax.devices()[0]
+        config = args.config
         dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
         graphdef, params_state = embedding.split_model(
             student.spec,
@@ -317,29 +326,31 @@ class JaxRunner:
         )
         params = nnx.to_pure_dict(params_state)
         del params_state
-        optim_config = args.config.optim
-        schedule = optim.make_schedule(
-            lr=optim_config.lr,
-            total_steps=TOTAL_STEPS,
-            warmup_frac=optim_config.warmup_frac,
-            schedule=optim_config.schedule,
-            cycles=optim_config.cycles,
+        optimizer, schedule = optim.make_optimizer_and_schedule(
+            total_steps=TOTAL_STEPS, **config.optim
         )
-        optimizer = optim.make_optimizer(total_steps=TOTAL_STEPS, **optim_config)
+        mesh = sharding.make_mesh(devices=[self.device])
         init = functools.partial(step.init_state, optimizer=optimizer, seed=args.seed)
-        self.state = jax.jit(init)(params)
+        state_shardings = sharding.param_shardings(mesh, jax.eval_shape(init, params))
+        self.state = jax.jit(init, out_shardings=state_shardings)(params)
         del params
-        self.train_fn = jax.jit(
-            functools.partial(
-                step.train_step,
-                graphdef=graphdef,
-                optimizer=optimizer,
-                schedule=schedule,
-                **loss_args(args.config),
-            ),
-            donate_argnums=0,
+        path = training_path.choose(
+            platform=self.device.platform,
+            process_count=1,
+            local_devices=1,
+            pack_length=args.pack_length,
+            pack_rungs=config.data.pack_rungs,
+            compile_ahead=False,  # compile_all builds every timed shape before timing
+            scan_layers=bool(args.scan_layers),
         )
-        self.batches = [jax.device_put(b, self.device) for b in batches]
+        static, weights = loss_args(config)
+        self.train_step = training_path.make_train_step(
+            path, graphdef=graphdef, optimizer=optimizer, schedule=schedule, loss_args=static,
+            weights=weights, mesh=mesh, state_shardings=state_shardings,
+        )  # fmt: skip
+        self.train_fn = self.train_step.jitted
+        self.weights = self.train_step.weights
+        self.batches = [sharding.to_global(b, mesh) for b in batches]
         self.executables = {}
 
     @staticmethod
@@ -369,7 +380,7 @@ class JaxRunner:
         workers = 1 if self.compile_first else len(unique)
 
         def compile_one(key, batch):
-            executable = self.train_fn.lower(self.state, batch).compile()
+            executable = self.train_fn.lower(self.state, batch, self.weights).compile()
             # As each shape finishes (a large model on a GPU takes minutes per shape).
             print(f"jax_compiled shape={self.ids_shapes(key)} "
                   f"at_s={time.perf_counter() - start:.1f}", flush=True)  # fmt: skip
@@ -384,7 +395,7 @@ class JaxRunner:
         """One step on batch `index`, returned once the device is done (loss as a scalar)."""
         batch = self.batches[index]
         step_fn = self.executables.get(self._shape_key(batch), self.train_fn)
-        self.state, metrics = step_fn(self.state, batch)
+        self.state, metrics = step_fn(self.state, batch, self.weights)
         jax.block_until_ready((self.state, metrics))
         return metrics["train/loss"]
 
@@ -397,7 +408,7 @@ class JaxRunner:
         longest = self._shape_key(max(self.batches, key=token_slots))
         executable = self.executables.get(longest)
         if executable is None:
-            executable = self.train_fn.lower(self.state, self.batches[0]).compile()
+            executable = self.train_fn.lower(self.state, self.batches[0], self.weights).compile()
         analysis = executable.memory_analysis()
         used = (
             analysis.argument_size_in_bytes
@@ -430,9 +441,16 @@ class TorchRunner:
             self.model, {**spec, "total_steps": TOTAL_STEPS}
         )
         self.clip_norm = spec["clip_norm"]
-        self.loss_args = loss_args(args.config)
-        if self.loss_args.pop("objective") != "caliber":
-            raise ValueError("the PyTorch reference implements loss.objective='caliber' only")
+        static, weights = loss_args(args.config)
+        if static["objective"] != "caliber" or static["structure_weight"] or static["query_weight"]:
+            raise ValueError(
+                "the PyTorch reference implements eq. 4 only (loss.objective='caliber', no "
+                "structure or query term)"
+            )
+        self.loss_args = dict(
+            lam=float(weights["lam"]), margin=float(weights["margin"]),
+            reduction=static["reduction"], perturb_weight=static["perturb_weight"],
+        )  # fmt: skip
         self.autocast = torch.autocast(
             device_type=self.device, dtype=torch.bfloat16, enabled=self.on_gpu
         )
@@ -586,9 +604,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="train_throughput_") as tmp:
         source = common.write_source(tmp, texts, perturbed, dim=dim, seed=args.seed)
         epoch = epoch_batches(args, source, tokenizer, pack_length=0)
-        jax_epoch = epoch
-        if args.pack_length:
-            jax_epoch = epoch_batches(args, source, tokenizer, pack_length=args.pack_length)
+        # The same steps' passages in the packed rows `train` trains on.
+        jax_epoch = epoch_batches(args, source, tokenizer, pack_length=args.pack_length)
     picks = common.stratified_picks(
         [int(b["attention_mask"].sum()) for b in epoch], num_batches=args.num_batches
     )
@@ -615,6 +632,7 @@ def main(argv=None) -> None:
             f"jax_attention={args.jax_attention} "
             f"xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
         )
+        print(f"jax_step={jax_runner.train_step.path.describe()}")
         print(f"jax_batch_shapes(token ids)={shapes}")
         print(f"peak_flops={peak:.4g} ({peak_source})")
         padding_study(epoch, jax_epoch)

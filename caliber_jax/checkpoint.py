@@ -116,8 +116,3 @@ def restore_params(
     finally:
         handler.close()
     return jax.device_get(restored["params"]), step
-
-
-def abstract_like(tree: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) of a pytree of arrays."""
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)

@@ -11,7 +11,6 @@ error instead of one line). absl's `--verbosity` turns INFO logging back on.
 
 import json
 import os
-import pkgutil
 import sys
 import threading
 import time
@@ -43,14 +42,12 @@ def default_cache_dir() -> str:
 
 
 def gpu_plugin_installed() -> bool:
-    """Whether jaxlib's CUDA or ROCm plugin is installed (found without starting a backend, so
-    before `jax.distributed.initialize`)."""
-    try:
-        import jax_plugins
-    except ImportError:
-        return False
-    names = (module.name for module in pkgutil.iter_modules(jax_plugins.__path__))
-    return any(name.startswith(("xla_cuda", "xla_rocm")) for name in names)
+    """Whether jaxlib's CUDA or ROCm plugin is installed (`hostmem.accelerator_plugins`, found
+    without starting a backend, so before `jax.distributed.initialize`)."""
+    return any(
+        name.startswith(("xla_cuda", "xla_rocm", "cuda", "rocm"))
+        for name in hostmem.accelerator_plugins()
+    )
 
 
 def enable_compilation_cache(cache_dir: str | None) -> None:

@@ -9,7 +9,8 @@ compiles the step for it while the training thread runs the steps before. The ex
 the ones `jax.jit` would build (same function, shardings and donation, same persistent cache);
 a step whose shape is not ready yet waits for it, or compiles it itself if the walk has not got
 there. The first step's program is built alone (by the walk, or by that step if it asks first):
-the launch waits for it, and nothing else competes with it.
+the launch waits for it, and nothing else competes with it. The later shapes (the packed
+layout's few row counts) are then built `parallel` at a time, on the host's free cores.
 """
 
 import threading
@@ -17,7 +18,6 @@ from collections.abc import Callable, Hashable, Iterable
 from concurrent import futures
 from typing import Any
 
-import jax
 from absl import logging
 
 ShapeKey = tuple
@@ -52,44 +52,59 @@ class StepPrograms:
             self._build(future, args)
         return future.result()(*args)
 
-    def start(self, walk: Iterable[tuple[Hashable, Any]], make_args: Callable[[Any], tuple]):
+    def start(
+        self,
+        walk: Iterable[tuple[Hashable, Any]],
+        make_args: Callable[[Any], tuple],
+        *,
+        parallel: int = 1,
+    ):
         """Compiles ahead on a background thread.
 
         Args:
           walk: (kind, item) per coming step, in order; equal kinds mean equal batch shapes (e.g.
             `geometry(step)`), and only the first item of each kind is built, via `make_args`.
           make_args: item -> the step's call arguments, as the training loop will pass them.
+          parallel: programs built at once after the first one (>= 1): XLA compiles a program
+            on one thread, so a host with free cores builds the later shapes side by side.
         """
         if self._thread is not None:
             raise RuntimeError("StepPrograms.start: already started")
+        if parallel < 1:
+            raise ValueError(f"parallel={parallel}: must be >= 1")
+
+        def build(future: futures.Future, args: tuple) -> None:
+            self._build(future, args)
+            with self._lock:
+                self.compiled_ahead += 1
 
         def run() -> None:
             seen = set()
-            try:
-                for kind, item in walk:
-                    if self._stop.is_set():
-                        return
-                    if kind in seen:
-                        continue
-                    seen.add(kind)
-                    args = make_args(item)
-                    future, mine = self._claim(shape_key(args[self._batch_arg]))
-                    if mine:
-                        self._build(future, args)
-                        self.compiled_ahead += 1
-                    if len(seen) == 1:
-                        # The first step waits for its program alone: until it is built (here
-                        # or by that step), nothing else compiles beside it for the cores,
-                        # the GIL or, on a GPU, the autotuner's timing runs.
-                        futures.wait([future])
-            except Exception as error:  # the steps still compile, when they come
-                logging.warning("compile-ahead stopped: %s", error)
+            with futures.ThreadPoolExecutor(parallel, thread_name_prefix="compile-ahead") as pool:
+                try:
+                    for kind, item in walk:
+                        if self._stop.is_set():
+                            return
+                        if kind in seen:
+                            continue
+                        seen.add(kind)
+                        args = make_args(item)
+                        future, mine = self._claim(shape_key(args[self._batch_arg]))
+                        if mine:
+                            pool.submit(build, future, args)
+                        if len(seen) == 1:
+                            # The first step waits for its program alone: until it is built
+                            # (here or by that step), nothing else compiles beside it for the
+                            # cores, the GIL or, on a GPU, the autotuner's timing runs.
+                            futures.wait([future])
+                except Exception as error:  # the steps still compile, when they come
+                    logging.warning("compile-ahead stopped: %s", error)
 
         self._thread = threading.Thread(target=run, name="compile-ahead", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stops the walk after the program it is building (so no compile outlives training)."""
+        """Stops the walk after the programs it is building (so no compile outlives training)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -108,11 +123,3 @@ class StepPrograms:
             future.set_result(self._jitted.lower(*args).compile())
         except BaseException as error:  # the step that needs this program raises it
             future.set_exception(error)
-
-
-def abstract(tree: Any) -> Any:
-    """`jax.ShapeDtypeStruct`s (with shardings) of a tree of arrays: lowers without the data."""
-    return jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)),
-        tree,
-    )

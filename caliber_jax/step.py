@@ -136,10 +136,7 @@ def vectors_loss(
     if not query_weight:
         return loss, parts
     if s_q is None:
-        raise ValueError(
-            "loss.query_weight > 0 needs the student's query vectors, which the chunked gradient "
-            "step does not compute: set grad_chunk_rows=0"
-        )
+        raise ValueError("loss.query_weight > 0 needs the student's query vectors (s_q)")
     if query_passages not in ("x", "both"):
         raise ValueError(f"loss.query_passages must be 'x' or 'both', got {query_passages!r}")
     weights = batch["weight"].astype(jnp.float32)
@@ -200,82 +197,6 @@ def _pair_loss(
     )
 
 
-# The arrays of the packed layout that hold token rows; `embed_chunk` takes a group of rows.
-PACKED_KEYS = ("packed_ids", "packed_slots", "packed_positions")
-
-
-def embed_chunk(
-    params: Any,
-    chunk: dict[str, jax.Array],
-    pooled_sd: jax.Array,
-    *,
-    graphdef: nnx.GraphDef,
-) -> tuple[jax.Array, Callable[[jax.Array], tuple[Any]]]:
-    """Adds one group of packed rows to the batch's pooled states and keeps its backward pass.
-
-    The chunked gradient step (`train.ChunkedGradFn`): the packed rows of a batch run through
-    the encoder in groups of a fixed size, so one program serves every row count. A sequence
-    lies in one row, so the batch's pooled states are the sum over groups (`pool_packed`), and
-    the gradient is the sum of each group's backward pass on the same cotangent.
-
-    Args:
-      chunk: `PACKED_KEYS`, [R, T] each.
-      pooled_sd: [S, D] the pooled states of the groups before this one (S = 2B slots).
-
-    Returns:
-      pooled_sd plus this group's, and the group's VJP: [S, D] cotangent -> (param grads,).
-    """
-
-    def pool(p: Any) -> jax.Array:
-        return nnx.merge(graphdef, p).pool_packed(
-            chunk["packed_ids"],
-            chunk["packed_slots"],
-            chunk["packed_positions"],
-            num_segments=pooled_sd.shape[0],
-        )
-
-    group_sd, vjp_fn = jax.vjp(pool, params)
-    return pooled_sd + group_sd, vjp_fn
-
-
-def head_gradients(
-    params: Any,
-    pooled_sd: jax.Array,
-    batch: dict[str, jax.Array],
-    *,
-    graphdef: nnx.GraphDef,
-    **loss_args: Any,
-) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
-    """The loss on a batch's pooled states (all groups summed, see `embed_chunk`).
-
-    Returns:
-      the head's param gradients (zeros elsewhere), the [S, D] cotangent of the pooled states
-      for the groups' VJPs, and the batch's `train/*` metrics but the gradient norm.
-    """
-
-    def objective(p: Any, pooled: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-        vecs = nnx.merge(graphdef, p).head(pooled)
-        rows = batch["has_pert"].shape[0]
-        return vectors_loss(vecs[:rows], vecs[rows:], batch, **loss_args)
-
-    grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
-    (loss, parts), (grads, cotangent_sd) = grad_fn(params, pooled_sd)
-    return grads, cotangent_sd, _train_metrics(loss, parts)
-
-
-def add_chunk_gradients(
-    vjp_fn: Callable[[jax.Array], tuple[Any]], cotangent_sd: jax.Array, grads: Any
-) -> Any:
-    """`grads` plus one group's backward pass (`embed_chunk`'s VJP) on the pooled cotangent."""
-    (group,) = vjp_fn(cotangent_sd)
-    return jax.tree.map(jnp.add, grads, group)
-
-
-def with_grad_norm(grads: Any, metrics: dict[str, jax.Array]) -> tuple[Any, dict[str, jax.Array]]:
-    """`grads` and `metrics` with `train/grad_norm` added (the end of the chunked step)."""
-    return grads, {**metrics, "train/grad_norm": optax.tree.norm(grads)}
-
-
 def _apply_gradients(
     state: TrainState,
     batch: dict[str, jax.Array],
@@ -300,7 +221,7 @@ def _gradients(
 ) -> tuple[Any, dict[str, jax.Array]]:
     """Gradients of `bound_loss_fn` at `params` and the batch's `train/*` metrics."""
     (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(params, batch)
-    return with_grad_norm(grads, _train_metrics(loss, parts))
+    return grads, {**_train_metrics(loss, parts), "train/grad_norm": optax.tree.norm(grads)}
 
 
 def _train_metrics(loss: jax.Array, parts: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -317,8 +238,7 @@ def apply_update(
     schedule: Callable[[jax.Array], jax.Array],
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """The optimizer update of `state` by `grads`; adds the param norm and learning rate to the
-    gradient step's `metrics`. Its shapes are the parameters' only, so one compiled program
-    serves every batch shape (`train.py`'s `split_update`)."""
+    gradient step's `metrics`."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
@@ -365,17 +285,6 @@ def train_step(
     """
     bound = functools.partial(loss_fn, graphdef=graphdef, **loss_args)
     return _apply_gradients(state, batch, bound, optimizer=optimizer, schedule=schedule)
-
-
-def grad_step(
-    params: Any, batch: dict[str, jax.Array], *, graphdef: nnx.GraphDef, **loss_args: Any
-) -> tuple[Any, dict[str, jax.Array]]:
-    """The first half of `train_step`: gradients and `train/*` metrics of one batch.
-
-    With `apply_update` after it, the same step as `train_step` split into two programs: only this
-    one depends on the batch shape, so each new shape compiles the forward and backward alone.
-    """
-    return _gradients(params, batch, functools.partial(loss_fn, graphdef=graphdef, **loss_args))
 
 
 # The rows each part of `losses.calibration_loss` is a mean over, for `eval_step`'s sums and

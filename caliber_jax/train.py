@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from caliber_jax import (
     checkpoint,
     cli,
+    host,
     optim,
     paths,
     sharding,
@@ -71,11 +72,6 @@ class TokenizeFn:
 
     def __setstate__(self, state):
         self.__init__(state["tokenizer_dir"])
-
-
-def maybe_initialize_distributed(multihost: bool) -> None:
-    """Multi-host runs (SLURM, TPU pods, or JAX_COORDINATOR_ADDRESS) join one JAX cluster."""
-    sharding.initialize_distributed(multihost)
 
 
 def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath.Path | None]:
@@ -140,19 +136,9 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         pad_to_multiple=config.data.pad_to_multiple,
         length_group_window=config.data.length_group_window if train else 1,
         drop_remainder=train and config.data.drop_remainder,
-        # P must split evenly over this process's devices, whatever multiple the config asks.
-        pert_rows_multiple=math.lcm(config.data.pert_rows_multiple, jax.local_device_count())
-        if config.data.pert_rows_multiple
-        else 0,
-        bucket_growth=config.data.bucket_growth,
         pack_length=config.data.pack_length,
-        # Packed rows split evenly over this process's devices too, and into the chunked
-        # step's groups of rows.
-        pack_rows_multiple=math.lcm(
-            config.data.pack_rows_multiple,
-            jax.local_device_count(),
-            chunk_rows_per_process(config),
-        ),
+        # Packed rows split evenly over this process's devices.
+        pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
         pack_rungs=config.data.pack_rungs,
         process_rows=process_rows,
         lengths=lengths,
@@ -160,23 +146,14 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
     )
 
 
-def chunk_rows_per_process(config: ml_collections.ConfigDict) -> int:
-    """Packed rows per group of the chunked gradient step (1 when it is off): the config's
-    `grad_chunk_rows` rounded up to a multiple of this process's devices, which share each group."""
-    return math.lcm(config.get("grad_chunk_rows", 0) or 1, jax.local_device_count())
-
-
 def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath:
-    """The run's training path (docs/training_path.md): layout, step form, scan, compile-ahead."""
+    """The run's training path (docs/training_path.md): scan, compile-ahead, in order."""
     return training_path.choose(
         platform=jax.default_backend(),
         process_count=jax.process_count(),
         local_devices=jax.local_device_count(),
         pack_length=config.data.pack_length,
-        pert_rows_multiple=config.data.pert_rows_multiple,
-        grad_chunk_rows=config.grad_chunk_rows,
-        grad_chunk_rows_on_accelerator=config.grad_chunk_rows_on_accelerator,
-        split_update=config.split_update,
+        pack_rungs=config.data.pack_rungs,
         compile_ahead=config.compile_ahead,
         scan_layers=config.model.scan_layers,
     )
@@ -472,10 +449,10 @@ def _train(
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
-    if config.data.pack_length and config.model.attention == "cudnn":
+    if config.model.attention == "cudnn":
         raise ValueError(
-            "config.data.pack_length: packed rows need model.attention='xla' (cuDNN's kernel "
-            "takes right-padded rows); set data.pack_length=0 to use cudnn"
+            "config.model.attention='cudnn': training runs on packed rows, which need 'xla' "
+            "(layers.attention's cuDNN call takes right-padded rows; docs/training_path.md)"
         )
     graphdef, params, abstract, init_fn = make_model_state(
         config, spec, flat, mesh=mesh, optimizer=optimizer, scan_layers=path.scan_layers
@@ -494,7 +471,6 @@ def _train(
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
     weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
-    weights = jax.device_put(weights, sharding.replicated(mesh))
     train_fn = training_path.make_train_step(
         path,
         graphdef=graphdef,
@@ -504,7 +480,6 @@ def _train(
         weights=weights,
         mesh=mesh,
         state_shardings=state_shardings,
-        pooled_shape=(2 * config.batch_size, spec.config.width),
     )
     eval_fn = make_eval_fn(graphdef, loss_args, weights, mesh, state_shardings.params)
 
@@ -514,11 +489,18 @@ def _train(
         train_source, tokenize_fn, max_length=max_length,
         cache=lengths_cache(config, "train", tokenizer_dir),
     )  # fmt: skip
-    loader = make_loader(
-        config, train_source, tokenize_fn, pad_id=pad_id, train=True, process_rows=process_rows,
-        lengths=lengths,
+    # One batch function: the loader's, and compile-ahead's walk over the coming shapes.
+    batch_fn = pipeline.make_batch_fn(
+        train_source,
+        **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
+                        process_rows=process_rows, lengths=lengths),
     )  # fmt: skip
-    data_iter = iter(loader)
+    data_iter = iter(
+        pipeline.iterate(
+            batch_fn, num_epochs=None, worker_count=config.data.worker_count,
+            read_threads=config.data.read_threads,
+        )
+    )  # fmt: skip
     marks.append(("token lengths and loader", time.perf_counter()))
     manager = checkpoint.make_manager(
         workdir / "checkpoints",
@@ -531,14 +513,11 @@ def _train(
     with contextlib.ExitStack() as cleanup:
         if path.compile_ahead:
             # Before the state is built (restored or initialised), the validation inputs and the
-            # writer: the first step's program compiles beside them, from the state's shapes.
-            batch_fn = pipeline.make_batch_fn(
-                train_source,
-                **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
-                                process_rows=process_rows, lengths=lengths),
-            )  # fmt: skip
+            # writer: the first step's program compiles beside them, from the state's shapes;
+            # then the ladder's other row counts, side by side on the host's cores.
             walk = ((batch_fn.geometry(i), i) for i in range(latest or 0, steps))
-            train_fn.start_compile_ahead(walk, batch_fn, abstract)
+            parallel = max(1, min(len(batch_fn.pack_ladder), host.usable_cores() - 1))
+            train_fn.start_compile_ahead(walk, batch_fn, abstract, parallel=parallel)
         cleanup.callback(train_fn.close)  # however train() ends, no compile outlives it
         if latest is not None:
             state, start = checkpoint.restore(manager, abstract, data_iter, step=latest)
@@ -744,7 +723,8 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-    maybe_initialize_distributed(config.multihost)
+    # Multi-host runs (SLURM, TPU pods, or JAX_COORDINATOR_ADDRESS) join one JAX cluster.
+    sharding.initialize_distributed(config.multihost)
     summary = train(config, workdir)
     if summary["preempted"]:
         # Not finished: no summary.json, and a status that stops `train && export` pipelines.

@@ -69,25 +69,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.dir = "runs/caliber/data"  # prepare's output; teacher stores go inside
     config.data.max_length = 512
-    config.data.pad_to_multiple = 32
-    # Padded lengths form a ladder 32, 64, 96, 160, 256, 384, 512 (x 1.5): one step program per
-    # rung and pi(x) row count, compiled once and then read from the persistent cache.
-    config.data.bucket_growth = 1.5
-    config.data.length_group_window = 16
-    # pi(x) of the perturbed rows only, P rounded up to this (0 = one row per x); see
-    # pipeline.make_loader. 16 keeps P at 16 for most batches of 32 with ~40% perturbed.
-    config.data.pert_rows_multiple = 16
-    # The "packed" layout: L > 0 packs every x and pi(x) end to end into rows of L >= max_length
-    # tokens (almost no padding; only the row count varies, rounded up to pack_rows_multiple).
-    # 0 keeps right-padded rows, which attention="cudnn" needs. CPU configs turn it on.
-    config.data.pack_length = 0
-    config.data.pack_rows_multiple = 4
+    # Training packs every x and pi(x) end to end into rows of pack_length >= max_length tokens
+    # (docs/training_path.md), each batch's row count one of a short fixed ladder (pack_rungs).
+    # One epoch of the shared filings (144,696 passages, Qwen3 tokenizer, batch 32, plain
+    # shuffled order): 3 step programs, 12.8% of the token slots padding, against 10 programs
+    # and 38.6% for the padded rows this config had (benchmarks/shape_count.py). No length
+    # grouping: grouped batches vary ~10x in tokens, which a fixed row count pays in padding.
+    config.data.pack_length = 512
+    config.data.length_group_window = 1
+    # Row counts: a multiple of this (and of the process's devices, which train adds).
+    config.data.pack_rows_multiple = 1
     # Packed row counts (pipeline.make_batch_fn): the pack_rungs counts that pad epoch 0's
     # batches least, then a fallback of one sequence per row (2 x the batch's passages per
     # process), which any batch fits. Each batch keeps its batch_size passages and takes the
     # smallest rung that holds it: an epoch compiles at most pack_rungs step programs (a later
     # epoch's batch that needs more rows than any of epoch 0's takes the fallback).
     config.data.pack_rungs = 3
+    # Right-padded batches, for the PyTorch side of benchmarks/train_throughput.py and the
+    # padded reference of the tests (not a training path): lengths on the ladder 32, 64, 96,
+    # 160, 256, 384, 512 (x 1.5); pi(x) of the perturbed rows only, their count rounded up to 16.
+    config.data.pad_to_multiple = 32
+    config.data.bucket_growth = 1.5
+    config.data.pert_rows_multiple = 16
     config.data.drop_remainder = True
     config.data.worker_count = 0
     config.data.read_threads = 4
@@ -109,7 +112,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.w_out_fit_rows = 4096
     config.model.w_out_ridge = 1e-4
     # Per-layer rematerialisation: "none", "full" (recompute each layer) or "dots" (keep matmul
-    # outputs); attention: "xla" or "cudnn" (GPU, bf16, right-padded batches). "dots" because
+    # outputs); attention: "xla" (training's packed rows need it) or "cudnn" (GPU, bf16,
+    # right-padded batches: the encoders' and the teacher's, not training). "dots" because
     # of the epoch's 512-token batches: XLA:CPU's buffer assignment of this step (batch 32 x 512
     # + 16 pi(x) rows, layers scanned) is 6.7 GiB of state + 39.7 GiB of temporaries with it,
     # + 145 GiB with "none" (beyond an 80 GB GPU: "xla" attention keeps every layer's [B, N, T, T]
@@ -147,6 +151,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.b2 = 0.999
     config.optim.eps = 1e-8
     config.optim.clip_norm = 1.0
+    # Tokens per optimizer step: the paper's batch_size = 32 passages carries ~5.3K real tokens
+    # per step (x and pi(x), Qwen3 tokenizer, the shared filings). A big GPU that wants >= 16K
+    # real tokens per update either raises batch_size (e.g. --config.batch_size=96: 3x the
+    # passages per step and per program, the loss of eq. 4 over all of them) or keeps the
+    # paper's batch per step and sums accum_steps of them into one update (accum_steps = 3: the
+    # update of the 96-passage batch, up to float rounding; tests/test_step.py). total_steps,
+    # logging and checkpoints count batches; the lr schedule counts updates.
     config.optim.accum_steps = 1
 
     config.loss = ml_collections.ConfigDict()
@@ -169,22 +180,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1
 
-    # Compile each batch shape's train-step program on a background thread before the step that
-    # needs it (caliber_jax/compile_ahead.py); False compiles on first use, as plain jax.jit.
+    # Compile each row count's train-step program on background threads before the step that
+    # needs it (caliber_jax/compile_ahead.py): the first step's alone, then the ladder's others
+    # side by side; False compiles on first use, as plain jax.jit.
     config.compile_ahead = True
-    # The train step as two programs, gradients (one per batch shape) and the optimizer update
-    # (one per run), so each new batch shape compiles only the forward and backward. False: one
-    # program per shape, where XLA may overlap the update with the backward (accelerators).
-    config.split_update = False
-    # Packed layout only (no effect with pack_length = 0): run the encoder over a batch's packed
-    # rows in groups of this many (per process, rounded up to a multiple of its devices), then the
-    # loss, then each group's backward pass (caliber_jax/grad_chunks.py): the same gradients from
-    # programs whose shapes never change, so a run compiles once whatever row counts its batches
-    # need. 0: one gradient program per batch shape. What it is for: a CPU's compile count. It
-    # saves no memory (every group's activations live until the loss is computed), so train
-    # refuses it on a GPU or TPU unless grad_chunk_rows_on_accelerator says it is meant.
-    config.grad_chunk_rows = 0
-    config.grad_chunk_rows_on_accelerator = False
     # Step watchdog (caliber_jax/watchdog.py): when no step completes within watchdog_factor x
     # the slowest step so far (at least watchdog_min_s; factor x watchdog_min_s in start-up, in a
     # step whose batch shape is new, during validation or a checkpoint save and while closing),

@@ -47,29 +47,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.dir = "runs/demo/data"
     config.data.max_length = 128
     config.data.pad_to_multiple = 16
-    # CPU: x and pi(x) packed end to end in rows of max_length tokens (11% of the token slots are
-    # padding on filing passages cut at 128 tokens, against 34% when each batch is padded to its
-    # longest sequence), so the batches need no length grouping: plain shuffled order. Rows as
-    # long as the longest sequence, not longer: attention costs T^2 per row, and rows of 128 ran
-    # 1.16x faster than rows of 256 here (BENCHMARKS.md).
+    # x and pi(x) packed end to end in rows of max_length tokens, as configs/caliber.py, each
+    # batch's row count one of 3 (data.pack_rungs): on configs/study.py's epoch (3,200 filing
+    # passages, MiniLM tokenizer) 3 step programs and 14.1% of the token slots padding, against
+    # 10 row counts before (docs/training_path.md). Rows as long as the longest sequence, not
+    # longer: attention costs T^2 per row, and rows of 128 ran 1.16x faster than rows of 256
+    # here (BENCHMARKS.md).
     config.data.pack_length = 128
-    # Row counts rounded up to 4 (the groups of `grad_chunk_rows` below): a step costs what its
-    # rows cost, so rounding to 8 cost ~15% of the demo's training time.
-    config.data.pack_rows_multiple = 4
     # No compile-ahead thread on a small CPU: the step already keeps every core busy, and a
     # concurrent compile slowed the 100-step study epoch down (benchmarks/train_end_to_end.py on
     # 2 cores: 437.7 s with it, 417.8 s without; BENCHMARKS.md). It pays on GPUs and TPUs.
     config.compile_ahead = False
-    # A run packs batches of many row counts, each its own gradient program; the optimizer update
-    # (the same shapes every step) compiles once instead of inside each (BENCHMARKS.md).
-    config.split_update = True
-    # ...and the gradient half runs the packed rows 4 at a time (train.py, grad_chunks.py): one
-    # set of programs whatever a batch's row count, where the epoch of configs/study.py met 10
-    # row counts, 10 gradient programs and ~55 s of compiling (end to end 262 s -> 231 s on 2
-    # cores, docs/benchmarks_history.md, 2026-11-25; the same loss to 6 digits). A CPU setting: it
-    # saves no memory, and train refuses it on a GPU or TPU (docs/training_path.md).
-    config.grad_chunk_rows = 4
-    config.data.length_group_window = 1
     config.data.read_threads = 2
 
     config.model.init_dir = minilm_dir()

@@ -23,7 +23,9 @@ perturbations are the three categories NumGap tests, with the rules inside each 
 equally often
 (`prepare.balance_rules`: each scale swap, %/bps, percent/basis points, each direction-word pair).
 Validation passages get a neighbour among the training passages and a question, so `val/*` is the
-trained objective.
+trained objective. The step is every config's (docs/training_path.md): packed rows of 128 tokens,
+at most 3 row counts, gradients and update in one program per row count; the recorded runs
+(docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
 Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
 clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set; with
@@ -73,8 +75,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.structure_weight = 50.0
     config.loss.query_weight = 0.0  # chosen on NumGap dev (the pilots); `query` variant: 50
     config.data.query_length = 32
-    # The query forward runs in the one-program step; the chunked one pools packed rows only.
-    config.grad_chunk_rows = 0
     config.data.validate = True
     config.eval_at_start = True
     if "query" in variants:

@@ -320,6 +320,9 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     )  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("cpu=") and "flags:" in lines[0]
+    # JAX times the step `train` builds from the config (training_path.make_train_step).
+    jax_step = next(line for line in lines if line.startswith("jax_step="))
+    assert "training path: layout=packed, step=one_program" in jax_step, jax_step
     # The traced steps' summary (XLA:CPU: the host's op events).
     summary = json.loads((tmp_path / "profile" / "summary.json").read_text())
     assert summary["op_events"] > 0 and 0 < summary["busy_frac"] <= 1

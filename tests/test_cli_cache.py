@@ -10,7 +10,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from caliber_jax import cli
+from caliber_jax import cli, hostmem
 
 KEYS = (
     "jax_compilation_cache_dir",
@@ -47,10 +47,21 @@ def test_no_gpu_plugin_in_the_cpu_install():
     assert not cli.gpu_plugin_installed()  # the CPU build of jaxlib this suite runs on
 
 
+@pytest.mark.parametrize(
+    "plugins, gpu",
+    [(["xla_cuda12"], True), (["xla_rocm"], True), (["libtpu"], False), ([], False)],
+)
+def test_gpu_plugin_is_found_as_hostmem_finds_accelerators(monkeypatch, plugins, gpu):
+    """One discovery of installed plugins (`hostmem.accelerator_plugins`: modules, entry points,
+    libtpu); the compilation cache asks it whether one of them is a GPU's."""
+    monkeypatch.setattr(hostmem, "accelerator_plugins", lambda: plugins)
+    assert cli.gpu_plugin_installed() == gpu
+
+
 COMPILE_TWO = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp
-    from caliber_jax import cli
+    from caliber_jax import cli, hostmem
     cli.enable_compilation_cache(sys.argv[1])
     stats = cli.COMPILE_STATS.start()
     jax.jit(lambda x: jnp.tanh(x) @ x.T)(jnp.ones((8, 8))).block_until_ready()

@@ -112,8 +112,22 @@ def test_close_stops_the_walk():
     assert step.lowered == [(2, 3)]
 
 
-def test_abstract_keeps_shapes_dtypes_and_shardings():
-    tree = {"a": jnp.zeros((2, 3)), "b": [jnp.ones(4, jnp.int32)]}
-    spec = compile_ahead.abstract(tree)
-    assert spec["a"].shape == (2, 3) and spec["b"][0].dtype == jnp.int32
-    assert spec["a"].sharding == tree["a"].sharding
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_later_shapes_build_side_by_side(parallel):
+    """After the first step's program, `parallel` shapes build at once: with 2, the third shape
+    lowers while the second is still held; with 1, it waits for it."""
+    step = CountingJit(hold_rows=4)
+    programs = compile_ahead.StepPrograms(step)
+    programs.start(((rows, rows) for rows in (2, 4, 8)),
+                   lambda rows: (jnp.float32(0), batch(rows)), parallel=parallel)  # fmt: skip
+    deadline = time.monotonic() + (30 if parallel == 2 else 2)
+    while len(step.lowered) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        held = sorted(step.lowered)
+    finally:
+        step.release.set()
+    programs._thread.join(timeout=60)
+    assert held == ([(2, 3), (4, 3), (8, 3)] if parallel == 2 else [(2, 3), (4, 3)])
+    assert programs.compiled_ahead == 3
+    programs.close()

@@ -27,7 +27,8 @@ def test_compile_and_step_parts_report_their_figures(tmp_path):
     for key in ("trace_s", "lower_s", "compile_s", "compile_cpu_s", "peak_rss_bytes"):
         assert compiled[key] > 0, key
     assert compiled["hlo_instructions"] > 100 and compiled["xla_argument_bytes"] > 0
-    assert compiled["batch_shapes"]["input_ids"] == [4, 32] and compiled["layers"] == 1
+    # 4 x and round(0.5 x 4) = 2 pi(x) of 32 tokens: one per packed row of 32
+    assert compiled["batch_shapes"]["packed_ids"] == [6, 32] and compiled["layers"] == 1
     stepped = parts["step-unrolled-none"]
     assert len(stepped["step_s"]) == 1 and stepped["step_s"][0] > 0
     assert 0 < stepped["real_tokens"] <= stepped["token_slots"]

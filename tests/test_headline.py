@@ -79,7 +79,7 @@ def test_headline_is_the_long_study_plus_the_numeric_objective():
     assert (loss.objective, loss.lam, loss.margin, loss.perturb_weight) == ("neighbour", 8, 0.1, 0)
     assert loss.structure_weight == 50 and loss.query_weight == 0  # chosen on NumGap dev
     assert config.prepare.queries and config.prepare.balance_rules
-    assert config.prepare.neighbour_k > 0 and config.grad_chunk_rows == 0
+    assert config.prepare.neighbour_k > 0 and "grad_chunk_rows" not in config
     assert headline.get_config("query").loss.query_weight == 50
     distill = headline.get_config("distill")  # the soup's other half: LEAF on the same data
     assert (distill.loss.objective, distill.loss.lam, distill.loss.perturb_weight) == (

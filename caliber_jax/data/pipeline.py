@@ -496,7 +496,18 @@ def make_loader(
     Returns:
       A `grain.IterDataset` of batch dicts.
     """
-    load_batch = make_batch_fn(source, **batch_options)
+    return iterate(
+        make_batch_fn(source, **batch_options),
+        num_epochs=num_epochs,
+        worker_count=worker_count,
+        read_threads=read_threads,
+    )
+
+
+def iterate(
+    load_batch: "_LoadBatch", *, num_epochs: int | None, worker_count: int, read_threads: int
+) -> grain.IterDataset:
+    """`make_loader`'s pipeline over a batch function already built (`make_batch_fn`)."""
     num_steps = sys.maxsize if num_epochs is None else num_epochs * load_batch.per_epoch
     dataset = grain.MapDataset.range(num_steps).map(load_batch)
     read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=read_threads)

@@ -36,8 +36,7 @@ TINY = [
     "--config.eval_every=6",
     "--config.log_every=1",
     f"--config.optim.lr={LR}",
-    "--config.data.pert_rows_multiple=0",
-    "--config.data.pack_length=0",  # padded rows unless a test packs
+    "--config.data.pack_length=48",  # packed rows as long as the longest sequence
 ]
 EMBED = ["--config.teacher.max_length=48", "--config.teacher.chunk_rows=16"]
 

@@ -1,10 +1,11 @@
 """Training with 2 JAX processes x 2 CPU devices against 1 process x 4 devices.
 
-Parity for both pi(x) layouts (packed rows: test_chunked.py), kill -9 of one process then a
-restart of both (bit-identical to an uninterrupted run), SIGTERM to one process (all agree on a
-step, checkpoint and exit 75), and the 2-process checkpoint exported by a single process. The
-2-process stacked run uses `file://` URLs for its work and data directories, so train, checkpoint
-and export go through epath end to end.
+Parity of the packed step every config trains with (one program per row count, each program
+finished before the next is issued on a CPU of several devices: issue #34's deadlock), kill -9 of
+one process then a restart of both (bit-identical to an uninterrupted run), SIGTERM to one process
+(all agree on a step, checkpoint and exit 75), and the 2-process checkpoint exported by a single
+process. The 2-process run uses `file://` URLs for its work and data directories, so train,
+checkpoint and export go through epath end to end.
 """
 
 import json
@@ -33,15 +34,12 @@ from tests.multiprocess.conftest import (
 )
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(180)]
-COMPACT = "--config.data.pert_rows_multiple=2"  # P per process: a multiple of its 2 devices
-# The packed layout (with its chunked step) is tests/multiprocess/test_chunked.py's, at the demo
-# config's own settings.
-LAYOUTS = {"stacked": [], "compact": [COMPACT]}
+LAYOUTS = {"packed": []}  # the only training layout (docs/training_path.md)
 
 
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
-    """Finished runs: {(processes, layout): workdir}; the 2-process stacked one via file:// URLs."""
+    """Finished runs: {(processes, layout): workdir}; the 2-process one via file:// URLs."""
     root = tmp_path_factory.mktemp("runs")
     done = {}
     for layout in LAYOUTS:
@@ -51,7 +49,7 @@ def runs(data_dir, tmp_path_factory):
         for processes, devices in ((2, 2), (1, 4)):
             workdir = root / f"{processes}x{devices}_{layout}"
             data, work = data_dir, workdir
-            if (processes, layout) == (2, "stacked"):
+            if processes == 2:
                 data, work = f"file://{data_dir}", f"file://{workdir}"
             run = launch(processes, *train_command(data, work, *LAYOUTS[layout]),
                          devices=devices, log=root / f"{workdir.name}.log")  # fmt: skip
@@ -68,6 +66,10 @@ def test_two_processes_match_one(runs, layout):
     # relative. A row lost or counted twice moves them by O(1/rows), a gradient scaled by c moves
     # the norm by c (which Adam divides out of the parameters below). Seen: at most 9.2e-8.
     logs = {processes: step_metrics(runs[(processes, layout)]) for processes in (2, 1)}
+    for processes in (2, 1):  # CPU collectives over 4 devices: one program in flight at a time
+        workdir = runs[(processes, layout)]
+        log = (workdir.parent / f"{workdir.name}.log").read_text()
+        assert "step=one_program" in log and "in_order=True" in log
     assert [row["step"] for row in logs[1]] == list(range(1, 7))
     for key in ("train/grad_norm", "train/loss"):
         gaps = relative_gaps(logs[2], logs[1], key)
@@ -108,14 +110,14 @@ def flatten_init(workdir: Path) -> dict[str, np.ndarray]:
 
 
 def test_urls_reach_the_right_directories(runs):
-    workdir = runs[(2, "stacked")]
+    workdir = runs[(2, "packed")]
     assert (workdir / "config.json").is_file() and (workdir / "summary.json").is_file()
     assert len((workdir / "metrics.jsonl").read_text().splitlines()) >= 6
     assert not (REPO / "file:").exists()  # nothing took the URL for a relative local path
 
 
 def test_export_of_a_two_process_checkpoint_in_one_process(runs, tmp_path):
-    workdir = runs[(2, "stacked")]
+    workdir = runs[(2, "packed")]
     output = tmp_path / "hf"
     command = [sys.executable, "-m", "caliber_jax.export", f"--workdir=file://{workdir}",
                f"--output=file://{output}"]  # fmt: skip
@@ -129,8 +131,10 @@ def test_export_of_a_two_process_checkpoint_in_one_process(runs, tmp_path):
     got = load_file(output / "model.safetensors")
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
-    one, _ = flat_params(runs[(1, "stacked")])
-    assert max_abs_diff(params, one) <= 1e-5
+    # The 1-process run's params, within test_two_processes_match_one's bound (Adam's rounding
+    # noise; 1.1e-5 seen with packed rows on a 2-core Zen 4): the export read the right step.
+    one, _ = flat_params(runs[(1, "packed")])
+    assert max_abs_diff(params, one) <= 0.1 * LR
 
 
 def test_kill_one_process_then_restart_both_is_bit_identical(runs, data_dir, tmp_path):
@@ -144,7 +148,7 @@ def test_kill_one_process_then_restart_both_is_bit_identical(runs, data_dir, tmp
     resumed = launch(2, *train_command(data_dir, workdir), log=tmp_path / "resumed.log")
     resumed.check()
     assert "resumed from" in resumed.output()
-    a, step_a = flat_params(runs[(2, "stacked")])
+    a, step_a = flat_params(runs[(2, "packed")])
     b, step_b = flat_params(workdir)
     assert step_a == step_b == 6
     for name in a:
