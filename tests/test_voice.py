@@ -13,10 +13,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Session numbers, "lent" and "device session" in any case; the machine nicknames as written
-# (upper case), so that embednum's format names ("e3") and the like are not flagged.
+# (upper case; E1-E9 and X1), so that embednum's format names ("e3") and the like are not flagged.
 PATTERNS = [
     re.compile(r"\bsessions? [0-9]", re.IGNORECASE),
-    re.compile(r"\b(?:E[3-6]|X1)\b"),
+    re.compile(r"\b(?:E[1-9]|X1)\b"),
     re.compile(r"\blent\b", re.IGNORECASE),
     re.compile(r"\bdevice sessions?\b", re.IGNORECASE),
 ]
