@@ -11,7 +11,8 @@ AdamW on HF's linear warmup/decay schedule, and a `torch.save` of model and opti
 checkpoint cadence. Dropout is off, as in the JAX port, so both do the same arithmetic.
 
 This module never imports jax (its wall time is the PyTorch side of the end-to-end benchmark);
-`benchmarks/train_throughput.py` reuses `embed` and `caliber_loss`. Legend: B batch, P perturbed
+`benchmarks/train_throughput.py` reuses `embed`, `caliber_loss`, `make_optimizer` and
+`compile_model` (its `--torch-compile` row). Legend: B batch, P perturbed
 rows, T tokens, D width.
 """
 
@@ -88,8 +89,35 @@ def load_student(model_dir: str, *, num_layers: int | None):
     )
 
 
+def compile_model(model, *, mode: str, backend: str = "inductor", shapes: int = 8):
+    """`model` under `torch.compile` with fixed shapes (`dynamic=False`), room for `shapes`
+    distinct input shapes before dynamo would fall back to eager (its default limit is 8).
+
+    `mode`: torch.compile's mode ("default", "reduce-overhead": CUDA graphs, "max-autotune-no-
+    cudagraphs": Inductor's GEMM autotuning, "max-autotune": both). `backend` "inductor"
+    generates code; "eager" / "aot_eager" only trace (tests of the wiring on a CPU).
+    """
+    import torch._dynamo
+
+    limit = max(8, shapes + 2)
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in recent torch
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+    if backend != "inductor":
+        return torch.compile(model, backend=backend, dynamic=False)  # modes are Inductor's
+    return torch.compile(model, mode=mode, backend=backend, dynamic=False)
+
+
+def uses_cudagraphs(mode: str, backend: str) -> bool:
+    """Whether `compile_model(mode, backend)` replays CUDA graphs (on a GPU)."""
+    return backend == "inductor" and mode in ("reduce-overhead", "max-autotune")
+
+
 def make_optimizer(model, spec: dict):
-    """AdamW (decay on >= 2-D params, as `optim.decay_mask`) and HF's linear warmup/decay."""
+    """AdamW (decay on >= 2-D params, as `optim.decay_mask`) and HF's linear warmup/decay.
+
+    The fused implementation (one kernel per step for all parameters, on CUDA and on a CPU): the
+    strongest PyTorch has, as the baseline should be."""
     import transformers
 
     params = [p for p in model.parameters() if p.requires_grad]

@@ -16,7 +16,10 @@ the same shardings); attention is the library's `attention=` option. PyTorch is 
 recipe as one writes it in PyTorch
 (`benchmarks/torch_reference.py`): transformers' model with SDPA attention, a forward over x
 padded to the batch max, a second forward over only the perturbed rows, the same loss (eq. 4),
-gradient clipping, fused AdamW, bf16 autocast on GPU.
+gradient clipping, fused AdamW, float32 weights under bf16 autocast on GPU; PyTorch has no
+packed path, so it gets the same passages padded. `--torch-compile MODE` adds a second PyTorch
+row, the model under `torch.compile` (`reduce-overhead`: CUDA graphs of the fixed shapes), and
+the final ratio is against the faster of the two.
 
 Timing: a warm-up step per framework (the JAX step compiles every shape in a background thread
 meanwhile), then rounds over the batches in which the two frameworks alternate step by step, so
@@ -91,6 +94,8 @@ PAPER_EPOCH_SECONDS = 6946.0
 # The schedule's length only shapes the learning rate of the timed steps.
 TOTAL_STEPS = 1000
 OPTIM_FIELDS = ("lr", "weight_decay", "warmup_frac", "b1", "b2", "eps", "clip_norm")
+# torch.compile modes the PyTorch baseline may run (issue #55: the strongest baseline).
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -142,6 +147,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scan-layers", type=int, default=0, choices=(0, 1),
                         help="config.model.scan_layers: 1 = layers as one lax.scan")  # fmt: skip
     parser.add_argument("--skip-torch", action="store_true", help="time JAX only")
+    parser.add_argument(
+        "--torch-compile",
+        default="none",
+        choices=("none", *TORCH_COMPILE_MODES),
+        help="also time PyTorch's model under torch.compile in this mode (a second PyTorch row, "
+        "torch_compiled_*, beside eager; the ratio is against the faster): 'reduce-overhead' "
+        "adds CUDA graphs (the timed batches' shapes are fixed), 'max-autotune-no-cudagraphs' "
+        "autotunes Inductor's GEMMs (minutes of compile on a GPU)",
+    )
+    parser.add_argument(
+        "--torch-compile-backend",
+        default="inductor",
+        help="torch.compile backend ('eager' / 'aot_eager': the option's wiring without code "
+        "generation, for tests)",
+    )
     parser.add_argument(
         "--profile-dir",
         help="after timing, trace --profile-steps JAX steps here "
@@ -423,19 +443,36 @@ class JaxRunner:
 
 
 class TorchRunner:
-    """The authors' recipe in plain PyTorch: forward x, forward the perturbed rows, eq. 4."""
+    """The authors' recipe in plain PyTorch: forward x, forward the perturbed rows, eq. 4.
 
-    name = "torch"
+    transformers' model with SDPA attention, float32 weights (the master copy) under bf16
+    autocast on a GPU, fused AdamW; with `compile_mode`, the model under `torch.compile` (one
+    graph per padded shape, `dynamic=False`; CUDA graphs in the modes that use them). PyTorch
+    has no packed path here: it gets the same passages padded (x to the batch max, the real pi(x)
+    rows to theirs).
+    """
 
-    def __init__(self, args, student, batches):
+    def __init__(self, args, student, batches, *, compile_mode: str = "none",
+                 compile_backend: str = "inductor"):  # fmt: skip
         import torch
 
         self.torch = torch
+        self.name = "torch" if compile_mode == "none" else "torch_compiled"
         self.on_gpu = torch.cuda.is_available()
         self.device = "cuda" if self.on_gpu else "cpu"
         torch.set_num_threads(host.usable_cores())
         self.model = common.torch_model(student, device=self.device)  # dropout off, as in JAX
         self.model.train()
+        self.forward = self.model
+        self.cudagraphs = False
+        if compile_mode != "none":
+            self.forward = torch_reference.compile_model(
+                self.model, mode=compile_mode, backend=compile_backend,
+                shapes=2 * len(batches),  # x and pi(x) of each batch
+            )  # fmt: skip
+            self.cudagraphs = self.on_gpu and torch_reference.uses_cudagraphs(
+                compile_mode, compile_backend
+            )
         spec = {key: args.config.optim[key] for key in OPTIM_FIELDS}
         self.optimizer, self.scheduler = torch_reference.make_optimizer(
             self.model, {**spec, "total_steps": TOTAL_STEPS}
@@ -478,11 +515,13 @@ class TorchRunner:
     def run(self, index: int):
         torch = self.torch
         tb = self.batches[index]
+        if self.cudagraphs:  # a new step: the graphs' earlier outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast:
-            s_x = torch_reference.embed(self.model, tb["ids"], tb["mask"])
+            s_x = torch_reference.embed(self.forward, tb["ids"], tb["mask"])
             s_px = s_x[:0]
             if tb["pert"].numel():
-                s_px = torch_reference.embed(self.model, tb["pert_ids"], tb["pert_mask"])
+                s_px = torch_reference.embed(self.forward, tb["pert_ids"], tb["pert_mask"])
             loss = torch_reference.caliber_loss(
                 s_x, s_px, tb["t_x"], tb["t_px"], tb["pert"], **self.loss_args
             )
@@ -499,6 +538,16 @@ class TorchRunner:
         if not self.on_gpu:
             return float("nan"), "n/a on CPU"
         return float(self.torch.cuda.max_memory_allocated()), "max_memory_allocated"
+
+
+def make_torch_runners(args, student, batches) -> list[TorchRunner]:
+    """Eager PyTorch, and with `--torch-compile` the same model compiled (its own weights and
+    optimizer, the same initial values)."""
+    runners = [TorchRunner(args, student, batches)]
+    if args.torch_compile != "none":
+        runners.append(TorchRunner(args, student, batches, compile_mode=args.torch_compile,
+                                   compile_backend=args.torch_compile_backend))  # fmt: skip
+    return runners
 
 
 # ----------------------------------------------------------------------------- report
@@ -531,9 +580,10 @@ def measure(
 ):  # fmt: skip
     """Warm-up step per runner, then rounds in which the runners alternate step by step.
 
-    `compiling` is the future of `jax_runner.compile_all`, running while PyTorch builds and warms
-    up, or, with `compile_first`, awaited before PyTorch touches the device: XLA's GPU autotuner
-    times candidate kernels on the GPU, and PyTorch's work there would skew its picks. Rounds stop
+    `make_torch` returns a PyTorch runner or a list of them (eager, compiled). `compiling` is the
+    future of `jax_runner.compile_all`, running while PyTorch builds and warms up, or, with
+    `compile_first`, awaited before PyTorch touches the device: XLA's GPU autotuner times
+    candidate kernels on the GPU, and PyTorch's work there would skew its picks. Rounds stop
     after `repeats`, or once the next round would pass `budget_s` (0: no budget), but not before
     every runner has `min_steps` timed steps. Returns ({name: {"wall", "cpu": [per batch [per
     round seconds]], ...}}, rounds run).
@@ -541,7 +591,8 @@ def measure(
     results = {}
     if compile_first:
         print(f"jax_compile_s={compiling.result():.1f} (every batch shape, before PyTorch)")
-    runners = [] if make_torch is None else [make_torch()]
+    made = [] if make_torch is None else make_torch()
+    runners = list(made) if isinstance(made, list | tuple) else [made]
     runners.append(jax_runner)
     for runner in runners:
         if runner is jax_runner and not compile_first:
@@ -642,7 +693,9 @@ def main(argv=None) -> None:
         )
         make_torch = None
         if not args.skip_torch:
-            make_torch = functools.partial(TorchRunner, args, student, batches)
+            make_torch = functools.partial(make_torch_runners, args, student, batches)
+            print(f"torch_compile={args.torch_compile} backend={args.torch_compile_backend} "
+                  "(PyTorch: the same passages, padded; it has no packed path)")  # fmt: skip
         print(f"setup_s={time.perf_counter() - clock:.1f}")
         results, rounds = measure(
             jax_runner, compiling, make_torch, len(batches), repeats=args.repeats,
@@ -662,7 +715,12 @@ def main(argv=None) -> None:
         profile(jax_runner, args.profile_dir, steps=args.profile_steps)
     print(f"total_s={time.perf_counter() - clock:.1f}")
     if "torch" in seq:
-        print(f"ratio_jax_over_torch={seq['jax'] / seq['torch']:.3f}")
+        # Against the strongest PyTorch row (eager or compiled); each row's ratio too.
+        strongest = max((name for name in seq if name != "jax"), key=seq.get)
+        for name in sorted(set(seq) - {"jax"}):
+            print(f"ratio_jax_over_{name}={seq['jax'] / seq[name]:.3f}")
+        print(f"torch_strongest={strongest}")
+        print(f"ratio_jax_over_torch={seq['jax'] / seq[strongest]:.3f}")
 
 
 if __name__ == "__main__":
