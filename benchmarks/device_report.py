@@ -1,55 +1,65 @@
-"""One GPU run's figures for the real job (issue #35), as one JSON file that grows part by part.
+"""One GPU run's figures for the real job (issues #35, #55), as one JSON file grown part by part.
 
     python benchmarks/device_report.py --out runs/device_report.json   # via gpu_on_device.sh
     CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
 
-Parts, in order (most wanted first: aea2ba0's H200 run measured the first step and the XLA
-student step; d37e027's the cuDNN step, the scanned compile and the first step again, and its
-8B part compiled the random init for 200 s), each a subprocess under its own time limit and all
-of them under `--limit-s`:
-  setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer), prepared
-    passages of the carried filings (`caliber_jax.prepare`, configs/caliber.py, capped at
-    `--passages`) and random teacher vectors in `embed_teacher`'s layout.
+Parts, in order (the plan that fits one GPU's time is in gpu_on_device.sh's header), each a
+subprocess under its own time limit and all of them under `--limit-s`:
+  setup: a random-weights Qwen3-Embedding-0.6B directory (HF layout, Qwen3 tokenizer); the
+    training passages: the shared filings' whole training split as `gpu_on_device.sh prepare`
+    wrote it here (`--passages-gz`, 144,696 passages: too big to prepare on the device in time
+    and small enough gzipped to carry), or, without it, `caliber_jax.prepare` over the carried
+    filings (the rehearsal: capped at a few passages); and teacher vectors drawn here (random,
+    seeded: timing only) as .npy and imported with `caliber_jax.embed_teacher --import_x
+    --import_px`, the import path a user with vectors computed elsewhere takes.
+  train_epoch: `python -m caliber_jax.train --config configs/caliber.py` over that split, launch
+    to exit (issue #55 part 6): wall seconds, the first step's time after launch, XLA compile
+    seconds in total (train's own `compile:` line), the steady step (median over the logged
+    windows after the first), real tokens per second and MFU over the whole epoch and over its
+    steady steps; metrics.jsonl and the log are kept. Cut short by its limit, it reports the
+    steps it ran and the launch-to-exit time they project.
+  train_warm: the same command launched again with the epoch's compilation cache, stopped after
+    a few steps: the warm launch to the first step.
+  student_packed: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b`, the packed step
+    `train` runs (the run's row ladder, XLA attention, the config's remat) at the paper's batch
+    (32 passages), one batch: step time, real tokens/s, MFU, peak memory, a profile of three more
+    steps, and beside it on the same passages (padded: PyTorch has no packed path) PyTorch eager
+    and PyTorch under `torch.compile` (`TORCH_COMPILE`, default reduce-overhead: CUDA graphs of
+    the fixed shapes), SDPA, fused AdamW, bf16 autocast over float32 weights;
+    `ratio_jax_over_torch` is against the faster PyTorch row (issue #55 part 4).
+  student_packed_16k: the same step at >= 16K real tokens per step (112 passages), JAX only,
+    with its profile (issue #55 part 2).
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
-    Qwen3-Embedding-8B-shaped weights drawn leaf by leaf, bf16 compute, JAX only), one batch of
-    64 passages: passages/s, tokens/s, MFU.
-  student_cudnn: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b` with the config's
-    scan/remat settings and attention "cudnn" (JAX only) on one batch (one compile): step time,
-    tokens/s on real tokens, MFU against the data-sheet bf16 peak, peak device memory; then three
-    more steps traced by `jax.profiler`, summarised by `benchmarks/profile_summary.py` (the GPU's
-    busy share, kernel time by kind, the top kernels) under "profile".
-  student_cudnn_scan: the same with the layers scanned (`model.scan_layers`): the step time that
-    the scan's shorter compile (32 s against 50 s per shape) would cost.
-  student_packed: the step with the packed layout (`data.pack_length` 512, XLA attention, JAX
-    only): the aea2ba0 run found 42.5% of an epoch's tokens to be padding with padded rows.
-  worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch (512
-    tokens, a pi(x) for every row): XLA's compile seconds and buffer assignment (device memory)
-    of the config's step with its layers scanned, then unrolled (the config's remat).
-  train_cold, train_warm: `python -m caliber_jax.train --config configs/caliber.py` launched twice
-    on that data with one `--compilation_cache` directory, empty before the first: seconds from
-    launch to the first step's metrics line (`first_step_s`), then the seconds between later
-    steps' lines (`step_s`, median) and the loop's own `train/tokens_per_s` (real tokens).
-  student_xla: as student_cudnn with attention "xla", against the PyTorch reference step of
-    `benchmarks/torch_reference.py` for `ratio_jax_over_torch`.
+    Qwen3-Embedding-8B-shaped weights, bf16, JAX only) over 10,240 real passages through
+    `Embedder.encode_ids`, the length-sorted, bucket-padded batches `embed_teacher` runs (a
+    warm-up pass compiles every bucket, then one timed pass): texts/s, MFU on real tokens and
+    the hours projected for the paper's 839K texts (issue #55 part 5).
+  worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch: XLA's
+    compile seconds and buffer assignment of the step, layers scanned and unrolled.
 The benchmark parts share a compilation cache of their own, so the train launches start cold.
 Each part's result is printed when it ends and the JSON file is rewritten atomically, so a run
 cut short keeps every part it finished. `CALIBER_DEVICE_REHEARSAL=1` runs the same parts on the
-CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, batch 8 and "xla" attention
-in place of cuDNN: it checks the script, not the numbers.
+CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, small batches, `torch.compile`
+through the aot_eager backend: it checks the script, not the numbers.
 """
 
 import argparse
+import gzip
+import itertools
 import json
 import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -62,71 +72,80 @@ REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
 TRAIN_FLAGS = shlex.split(os.environ.get("TRAIN_FLAGS", ""))
 CONFIG = "configs/caliber.py"
 STUDENT_KEYS = ("jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
-                "jax_peak_memory_bytes", "jax_compile_s")  # fmt: skip
+                "jax_peak_memory_bytes", "jax_compile_s", "real_tokens_per_batch")  # fmt: skip
 # benchmarks/profile_summary.py's figures of the traced steps (train_throughput --profile-dir).
 PROFILE_KEYS = ("profile_busy_frac", "profile_ops_per_step", "profile_window_ms_per_step")
-# How each student part runs train_throughput.py: attention, layers scanned, packed rows, and
-# whether PyTorch runs beside it (the ratio) or the device's time is traced (the profile).
+TORCH_KEYS = ("torch_step_s", "torch_real_tokens_per_s", "torch_compiled_step_s",
+              "torch_compiled_real_tokens_per_s", "ratio_jax_over_torch",
+              "ratio_jax_over_torch_eager", "ratio_jax_over_torch_compiled")  # fmt: skip
+# The torch.compile mode of the PyTorch baseline's second row (train_throughput --torch-compile).
+TORCH_COMPILE = os.environ.get("TORCH_COMPILE", "reduce-overhead")
+# How each student part runs train_throughput.py: passages per step, whether PyTorch runs beside
+# it (eager and compiled) and whether three more steps are traced (the profile).
 STUDENT_PARTS = {
-    "student_cudnn": dict(attention="cudnn", profile=True),
-    "student_cudnn_scan": dict(attention="cudnn", scan=True, profile=True),
-    "student_packed": dict(attention="xla", pack=True),
-    "student_xla": dict(attention="xla", torch=True),
+    "student_packed": dict(batch=32, torch=True, profile=True),
+    "student_packed_16k": dict(batch=112, profile=True),
 }
+TRAIN_KEYS = ("first_step_s", "step_s", "steps_seen")
 # Keys every finished part reports (finite numbers); tests/test_device_report.py checks them.
 REQUIRED = {
-    "setup": ("setup_s", "passages"),
+    "setup": ("setup_s", "passages", "pert_share", "teacher_import_s"),
+    "train_epoch": TRAIN_KEYS + (
+        "exit_s", "steps", "compile_s", "real_tokens", "real_tokens_per_s", "mfu_epoch",
+        "mfu_steady",
+    ),
+    "train_warm": TRAIN_KEYS,
+    "student_packed": STUDENT_KEYS + PROFILE_KEYS + TORCH_KEYS,
+    "student_packed_16k": STUDENT_KEYS + PROFILE_KEYS,
     "teacher_8b_encode": (
         "jax_passages_per_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
-        "jax_peak_memory_bytes",
+        "jax_peak_memory_bytes", "jax_projected_teacher_hours", "passages",
     ),
-    "student_cudnn": STUDENT_KEYS + PROFILE_KEYS,
-    "student_cudnn_scan": STUDENT_KEYS + PROFILE_KEYS,
-    "student_packed": STUDENT_KEYS,
     "worst_shape_compile": (
         "unrolled_compile_s", "unrolled_xla_temp_bytes", "scan_compile_s", "scan_xla_temp_bytes",
         "xla_argument_bytes",
     ),
-    "train_cold": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
-    "train_warm": ("first_step_s", "step_s", "tokens_per_s", "steps_seen"),
-    "student_xla": STUDENT_KEYS + (
-        "torch_step_s", "torch_real_tokens_per_s", "ratio_jax_over_torch",
-    ),
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
-# only `--limit-s` applies.
-# d37e027's H200: setup 28 s, student_cudnn 108 s (81 s of it compiling), the scanned worst
-# batch compiled in 32 s; the profile adds a few seconds to the cuDNN parts. 71a747e's: the 8B
-# encode 46 s, the scanned step 104 s, student_xla with PyTorch 127 s, the packed step compiled
-# in 127 s (stopped at 150 s before its timed steps).
-LIMITS = {"setup": 60, "teacher_8b_encode": 170, "student_cudnn": 140, "student_cudnn_scan": 110,
-          "student_packed": 190, "worst_shape_compile": 110, "train_cold": 110, "train_warm": 45,
-          "student_xla": 150}  # fmt: skip
+# only `--limit-s` applies. From 71a747e's H200 run (2026-11-28): setup 31 s (now + the teacher
+# import of 2 x 593 MB), a student step compiled in 71-82 s (the packed one in 127 s), PyTorch
+# eager beside it ~40 s, the 8B encode of one batch 46 s; the epoch is projected at ~230-400 s
+# of steps after a first step near 60-130 s (docs/training_path.md: 3 programs).
+LIMITS = {"setup": 90, "train_epoch": 560, "train_warm": 60, "student_packed": 240,
+          "student_packed_16k": 170, "teacher_8b_encode": 240,
+          "worst_shape_compile": 110}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
 # Sizes: the real shapes, or the rehearsal's toy ones.
 SIZES = {
     "student": "qwen3-tiny" if REHEARSAL else "qwen3-0.6b",
     "teacher": "qwen3-tiny" if REHEARSAL else "qwen3-8b",
-    "passages": 128 if REHEARSAL else 4096,
+    # setup's prepare when no --passages-gz is carried (0: every passage of the filings)
+    "passages": 128 if REHEARSAL else 0,
     "train_steps": 4 if REHEARSAL else 8,
     "bench": (
-        ["--max-length", "64", "--batch-size", "8", "--num-batches", "1", "--repeats", "2",
-         "--min-steps", "2", "--pool", "64", "--peak-flops", "1e12"]
+        ["--max-length", "64", "--num-batches", "1", "--repeats", "2", "--min-steps", "2",
+         "--pool", "64", "--peak-flops", "1e12"]
         if REHEARSAL
-        # One batch (the median of 512 passages), so one compile: the aea2ba0 run's H200 compiled
-        # each shape of this step in 50-100 s, and two shapes ran every part out of time.
-        else ["--num-batches", "1", "--repeats", "5", "--min-steps", "3", "--pool", "512"]
+        # One batch (the median of the pool's epoch), so one compile per framework: the aea2ba0
+        # run's H200 compiled each shape of this step in 50-100 s.
+        else ["--num-batches", "1", "--repeats", "5", "--min-steps", "3", "--pool", "1024"]
     ),
+    "bench_batch_scale": 0.25 if REHEARSAL else 1.0,  # toy batches: 8 and 28 passages
+    "torch_backend": "aot_eager" if REHEARSAL else "inductor",
     "encode": (
-        ["--max-length", "64", "--batch-size", "16", "--passages", "32", "--repeats", "1",
-         "--peak-flops", "1e12"]
-        if REHEARSAL else ["--passages", "64", "--repeats", "3"]  # one batch of 64: one shape
+        ["--max-length", "64", "--batch-size", "16", "--passages", "48", "--repeats", "1",
+         "--record-stride", "1", "--peak-flops", "1e12"]
+        if REHEARSAL
+        # >= 10K real passages (issue #55 part 5) from the carried training split: every 12th
+        # of its 144,696 passages.
+        else ["--passages", "10240", "--repeats", "1", "--record-stride", "12"]
     ),
     "config": ["--config.data.max_length=64", "--config.batch_size=8"] if REHEARSAL else [],
-    "pack_length": 64 if REHEARSAL else 512,
+    "log_every": ["--config.log_every=2"] if REHEARSAL else [],  # the config's 50 on the GPU
     "compile": ["--max-length", "64", "--batch-size", "8"] if REHEARSAL else [],
+    "peak_flops": 1e12 if REHEARSAL else 0.0,  # 0: the GPU's data-sheet figure
 }  # fmt: skip
 
 
@@ -136,6 +155,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work", default=str(common.REPO_ROOT / "runs" / "device_report"),
                         help="model, data, workdirs and the compilation cache")  # fmt: skip
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
+    parser.add_argument(
+        "--passages-gz",
+        default="",
+        help="the training split, prepared before (gpu_on_device.sh prepare)",
+    )
     parser.add_argument("--limit-s", type=float, default=450.0, help="all parts together")
     parser.add_argument("--parts", default=",".join(REQUIRED), help="comma-separated subset")
     parser.add_argument("--python", default=sys.executable)
@@ -153,6 +177,12 @@ def values_of(stdout: str) -> dict:
                 values[key] = float(value)
             except ValueError:
                 values[key] = value
+    # train_throughput: the timed batches' real tokens (x and pi(x)) per step.
+    if tokens := re.search(r"^timed_batches=\S+ real_tokens_per_batch=(\d+)", stdout, re.MULTILINE):
+        values["real_tokens_per_batch"] = float(tokens.group(1))
+    # encode_throughput: the passages encoded per pass.
+    if passages := re.search(r"^model=.* passages=(\d+) ", stdout, re.MULTILINE):
+        values["passages"] = float(passages.group(1))
     if device := re.search(r"^preset=\S+ device=(.*?) cores=", stdout, re.MULTILINE):
         values["device_kind"] = device.group(1)
     # train_throughput: the seconds at which each step shape finished compiling, in order.
@@ -182,7 +212,7 @@ def run_benchmark(args, script: str, flags: list[str], limit: float) -> dict:
 
 
 def setup(args, work: Path) -> dict:
-    """Model directory, prepared passages and teacher vectors (in this process)."""
+    """Model directory, the training passages and their imported teacher vectors."""
     from caliber_jax import prepare, tokenization
     from caliber_jax.data import pipeline
     from caliber_jax.models import embedding
@@ -196,32 +226,76 @@ def setup(args, work: Path) -> dict:
     )  # fmt: skip
     dim = student.config.width
     del student
-    config.prepare.input = args.filings
-    config.data.dir = str(work / "data")
-    config.prepare.max_passages = SIZES["passages"]
-    config.prepare.numgap = False
-    config.prepare.numfine_items = 0
-    stats = prepare.prepare_from_config(config)
-    texts, perturbed = pipeline.load_passages(work / "data" / "train.jsonl")
-    common.write_teacher_stores(work / "data" / "teacher_train", texts, perturbed, dim=dim, seed=0)
-    return {"setup_s": time.perf_counter() - start, "passages": float(stats["train_passages"])}
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if args.passages_gz and Path(args.passages_gz).is_file():
+        with gzip.open(args.passages_gz, "rb") as f, (data / "train.jsonl").open("wb") as g:
+            shutil.copyfileobj(f, g, 1 << 24)
+        source = f"{args.passages_gz} (prepared from the shared filings before the run)"
+    else:
+        config.prepare.input = args.filings
+        config.data.dir = str(data)
+        config.prepare.max_passages = SIZES["passages"]
+        config.prepare.numgap = False
+        config.prepare.numfine_items = 0
+        prepare.prepare_from_config(config)
+        (data / "val.jsonl").unlink(missing_ok=True)  # the epoch trains; no validation pass
+        source = f"caliber_jax.prepare over {args.filings}, capped at {SIZES['passages']} (0: all)"
+    texts, perturbed = pipeline.load_passages(data / "train.jsonl")
+    # Random teacher vectors (the step's cost does not depend on their values), seeded, imported
+    # as a user's own vectors would be.
+    rng = np.random.default_rng(0)
+    t_x = rng.standard_normal((len(texts), dim), dtype=np.float32)
+    t_px = t_x + np.float32(0.05) * rng.standard_normal(t_x.shape, dtype=np.float32)
+    np.save(work / "teacher_x.npy", t_x)
+    np.save(work / "teacher_px.npy", t_px)
+    del t_x, t_px
+    imported = time.perf_counter()
+    command = [
+        args.python, "-m", "caliber_jax.embed_teacher", f"--config={CONFIG}",
+        f"--config.data.dir={data}", f"--config.model.init_dir={work / 'model'}",
+        f"--import_x={work / 'teacher_x.npy'}", f"--import_px={work / 'teacher_px.npy'}",
+        "--splits=train", "--teacher_name=random (timing only)",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=common.REPO_ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"embed_teacher --import_x: {proc.stderr.strip().splitlines()[-3:]}")
+    for name in ("teacher_x.npy", "teacher_px.npy"):
+        (work / name).unlink()
+    pert_share = sum(map(bool, perturbed)) / len(texts)
+    (work / "setup.json").write_text(json.dumps({"passages": len(texts), "pert_share": pert_share}))
+    return {
+        "setup_s": time.perf_counter() - start,
+        "passages": float(len(texts)),
+        "pert_share": pert_share,
+        "passages_source": source,
+        "teacher_import_s": time.perf_counter() - imported,
+    }
 
 
-def train_launch(args, work: Path, name: str, limit: float) -> dict:
-    """Launches `caliber_jax.train`; times its metrics lines; stops it after a few steps."""
+def train_command(args, work: Path, name: str, extra: list[str]) -> list[str]:
+    """`caliber_jax.train --config configs/caliber.py` on setup's data, workdir WORK/name."""
+    return [
+        args.python, "-m", "caliber_jax.train", f"--config={CONFIG}", f"--workdir={work / name}",
+        f"--compilation_cache={work / 'xla_cache'}", f"--config.model.init_dir={work / 'model'}",
+        f"--config.data.dir={work / 'data'}", "--config.data.validate=False", *SIZES["config"],
+        *extra, *TRAIN_FLAGS,
+    ]  # fmt: skip
+
+
+def train_launch(args, work: Path, name: str, limit: float, *, to_exit: bool) -> dict:
+    """Launches `caliber_jax.train` and times it from its log and metrics lines: to its exit
+    (`to_exit`: the whole epoch), or stopped after a few logged steps (a launch's first step)."""
     workdir = work / name
     metrics = workdir / "metrics.jsonl"
-    steps = SIZES["train_steps"]
-    command = [
-        args.python, "-m", "caliber_jax.train", f"--config={CONFIG}", f"--workdir={workdir}",
-        f"--compilation_cache={work / 'xla_cache'}", f"--config.model.init_dir={work / 'model'}",
-        f"--config.data.dir={work / 'data'}", f"--config.total_steps={steps}",
-        "--config.log_every=1", "--config.data.validate=False", *SIZES["config"],
-        *TRAIN_FLAGS,
-    ]  # fmt: skip
+    # Every step logged for a short launch; the config's cadence for the epoch (a metrics line
+    # fetches from the device). Neither changes the step's program, so both share the cache.
+    extra = [*SIZES["log_every"]] if to_exit else ["--config.log_every=1"]
+    command = train_command(args, work, name, extra)
     cache = work / "xla_cache"
     cached = _files(cache)
-    log = (work / f"{name}.log").open("w")
+    log_path = work / f"{name}.log"
+    log = log_path.open("w")
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=common.REPO_ROOT,
                             start_new_session=True)  # fmt: skip
@@ -235,39 +309,126 @@ def train_launch(args, work: Path, name: str, limit: float) -> dict:
                 if line.endswith("\n"):
                     row = json.loads(line)
                     seen.setdefault(int(row["step"]), (now, row))
-        if seen and first is None:
-            first = min(t for t, _ in seen.values())
-        # Enough steps, or the later steps wait on compiles for longer than the part allows.
-        done = len(seen) >= steps or (first is not None and now - first > limit / 3)
+        if first is None and "first step done" in log_path.read_text(errors="replace"):
+            first = now
+        if to_exit:
+            done = False
+        else:  # enough steps, or later steps wait on compiles for longer than the part allows
+            late = first is not None and now - first > limit / 3
+            done = len(seen) >= SIZES["train_steps"] or late
         if done or proc.poll() is not None or now > limit:
             break
         time.sleep(0.05)
-    if proc.poll() is None:  # the run's own end would save a checkpoint: not what is timed
+    exit_s = time.perf_counter() - start
+    finished = proc.poll() is not None
+    if not finished:  # stopped here (a short launch's own end would save a checkpoint)
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     log.close()
-    # rc -9: stopped here after its steps (its own end would save a checkpoint, not timed).
+    text = log_path.read_text(errors="replace")
     result: dict = {"steps_seen": float(len(seen)), "rc": proc.returncode,
+                    "cache_files_before": float(cached),
                     "cache_files_added": float(_files(cache) - cached)}  # fmt: skip
     # train.py's own split of the time to its first step (weights, data, state, first step).
-    startup = re.search(r"first step done .*", (work / f"{name}.log").read_text())
-    if startup:
+    if startup := re.search(r"first step done .*", text):
         result["startup"] = startup.group(0)
     if first is None:
-        tail = (work / f"{name}.log").read_text().strip().splitlines()[-5:]
-        return {**result, "error": "no step logged", "log_tail": tail}
-    times = [seen[s][0] for s in sorted(seen)]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    tokens = [seen[s][1]["train/tokens_per_s"] for s in sorted(seen)[1:]]
-    # Later steps of a new batch shape may wait for its compile (built ahead, in the background):
-    # every gap is kept; the benchmark parts time steps with every shape compiled.
-    return {
-        **result,
-        "step_gaps_s": gaps,
-        "first_step_s": first,
-        "step_s": statistics.median(gaps) if gaps else math.nan,
-        "tokens_per_s": statistics.median(tokens) if tokens else math.nan,
+        return {**result, "error": "no step logged", "log_tail": text.strip().splitlines()[-5:]}
+    result["first_step_s"] = first
+    rows = [seen[s] for s in sorted(seen)]
+    steps = sorted(seen)
+    if not to_exit:
+        times = [t for t, _ in rows]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        step_s = statistics.median(gaps) if gaps else math.nan
+        return {**result, "step_gaps_s": gaps, "step_s": step_s}
+    if metrics.exists():
+        shutil.copyfile(metrics, work / f"{name}_metrics.jsonl")  # comes back with the logs
+    return {**result, **epoch_figures(work, steps, [r for _, r in rows], text, exit_s, finished)}
+
+
+def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit_s: float,
+                  finished: bool) -> dict:  # fmt: skip
+    """The epoch's figures from its metrics lines (one per `log_every` steps: passages/s and real
+    tokens/s of the window since the last) and its log's `compile:` line."""
+    setup_record = json.loads((work / "setup.json").read_text())
+    batch = _batch_size()
+    total_steps = setup_record["passages"] // batch  # drop_remainder
+    # A window's seconds are its passages over its passages/s; its tokens follow.
+    windows = [(b - a, batch * (b - a) / row["train/seq_per_s"], row["train/tokens_per_s"])
+               for a, b, row in zip([0, *steps], steps, rows, strict=False)]  # fmt: skip
+    real_tokens = sum(seconds * rate for _, seconds, rate in windows)
+    steady = windows[1:] or windows  # the first window holds the first step's compile
+    step_s = statistics.median(seconds / count for count, seconds, _ in steady)
+    steady_tokens = statistics.median(rate for _, _, rate in steady)
+    sequences = batch * (1 + setup_record["pert_share"])  # x and pi(x) per step, on average
+    tokens_per_sequence = real_tokens / max(1, steps[-1] * sequences)
+    per_token = _flops_per_token(tokens_per_sequence)
+    peak = _peak_flops()
+    result = {
+        "finished": finished,
+        "steps": float(steps[-1]),
+        "epoch_steps": float(total_steps),
+        "exit_s": exit_s,
+        "step_s": step_s,
+        "real_tokens": real_tokens,
+        "real_tokens_per_s": real_tokens / exit_s,
+        "steady_real_tokens_per_s": steady_tokens,
+        "mfu_epoch": per_token * real_tokens / exit_s / peak,
+        "mfu_steady": per_token * steady_tokens / peak,
+        "peak_flops": peak,
     }
+    if not finished:  # cut short: what its steps project for the whole epoch
+        result["projected_exit_s"] = exit_s + (total_steps - steps[-1]) * step_s
+    if compiled := re.search(r"^compile: (\d+) train-step shapes.*?([\d.]+) s compiling or loading",
+                             log, re.MULTILINE):  # fmt: skip
+        result["step_programs"] = float(compiled.group(1))
+        result["compile_s"] = float(compiled.group(2))
+    else:  # killed before its end: the compile seconds counted up to its first step
+        if startup := re.search(r"XLA compiling or loading so far: ([\d.]+) s", log):
+            result["compile_s_to_first_step"] = float(startup.group(1))
+    return result
+
+
+def _batch_size() -> int:
+    """Passages per step of the train launches: the config's, or an override."""
+    batch = common.load_config(CONFIG).batch_size
+    for flag in SIZES["config"] + TRAIN_FLAGS:
+        if flag.startswith("--config.batch_size="):
+            batch = int(flag.split("=", 1)[1])
+    return batch
+
+
+def _flops_per_token(tokens_per_sequence: float) -> float:
+    """Training FLOPs per real token of the student (`common.model_flops`) at this mean length."""
+    from caliber_jax.models import hf
+
+    config = common.QWEN3_SHAPES[SIZES["student"]]
+    shapes = hf.expected_shapes("qwen3", config)
+    flat = {f"encoder.{k}": np.broadcast_to(np.float32(0), v) for k, v in shapes.items()}
+    student = common.Student(spec=embedding_spec(config), flat=flat)
+    length = max(1.0, tokens_per_sequence)
+    return common.model_flops(student, [length], backward=True) / length
+
+
+def embedding_spec(config):
+    """The student's `ModelSpec` (mean pooling, no W_out), as `common.random_qwen3` builds it."""
+    from caliber_jax.models import embedding
+
+    return embedding.ModelSpec("qwen3", config, "mean", None, config.to_hf())
+
+
+def _peak_flops() -> float:
+    """The rehearsal's nominal peak, or the GPU's data-sheet bf16 figure (nvidia-smi's name; this
+    process never opens the GPU, which the parts' own processes use)."""
+    if SIZES["peak_flops"]:
+        return SIZES["peak_flops"]
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    name = subprocess.run(query, capture_output=True, text=True).stdout.strip().splitlines()[0]
+    for prefix, value in common.GPU_PEAK_BF16.items():
+        if name.startswith(prefix):
+            return value
+    raise ValueError(f"no data-sheet bf16 peak for {name!r} (common.GPU_PEAK_BF16)")
 
 
 def worst_shape_compile(args, work: Path, remat: str, limit: float) -> dict:
@@ -300,24 +461,25 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
     model = config.model
     if name == "setup":
         return setup(args, work)
-    if name.startswith("train_"):
-        return train_launch(args, work, name, limit)
+    if name in ("train_epoch", "train_warm"):
+        return train_launch(args, work, name, limit, to_exit=name == "train_epoch")
     if name in STUDENT_PARTS:
         part = STUDENT_PARTS[name]
-        scan = part.get("scan", model.scan_layers)
-        # cuDNN's kernel needs a GPU: the CPU rehearsal runs the same part with XLA attention.
-        attention = "xla" if REHEARSAL else part["attention"]
+        batch = max(4, round(part["batch"] * SIZES["bench_batch_scale"]))
         flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
-                 args.filings, "--record-stride", "1", "--scan-layers", str(int(scan)),
-                 "--remat", model.remat, "--jax-attention", attention,
-                 "--compile-cache", str(work / "xla_cache_bench"), *SIZES["bench"]]  # fmt: skip
-        if not part.get("torch"):
+                 args.filings, "--record-stride", "1", "--scan-layers", str(int(model.scan_layers)),
+                 "--remat", model.remat, "--jax-attention", model.attention,
+                 "--batch-size", str(batch), "--compile-cache", str(work / "xla_cache_bench"),
+                 *SIZES["bench"]]  # fmt: skip
+        if part.get("torch"):
+            flags += ["--torch-compile", TORCH_COMPILE,
+                      "--torch-compile-backend", SIZES["torch_backend"]]  # fmt: skip
+        else:
             flags.append("--skip-torch")
-        if part.get("pack"):  # the CPU configs' layout: rows of 512 tokens
-            flags += ["--pack-length", str(SIZES["pack_length"])]
         if part.get("profile"):
             flags += ["--profile-dir", str(work / f"profile_{name}")]
         result = run_benchmark(args, "train_throughput.py", flags, limit)
+        result["batch_size"] = float(batch)
         summary = work / f"profile_{name}" / "summary.json"
         if part.get("profile") and summary.exists():
             result["profile"] = json.loads(summary.read_text())
@@ -325,9 +487,11 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
     if name == "worst_shape_compile":
         return worst_shape_compile(args, work, model.remat, limit)
     if name == "teacher_8b_encode":
+        # The training split's passages (carried gzipped), else the filings.
+        texts = args.passages_gz if Path(args.passages_gz or "-").is_file() else args.filings
         flags = ["--preset", "gpu-qwen3-8b-encode", "--model", SIZES["teacher"], "--skip-torch",
-                 "--filings", args.filings, "--record-stride", "1",
-                 "--compile-cache", str(work / "xla_cache_teacher"), *SIZES["encode"]]  # fmt: skip
+                 "--filings", texts, "--compile-cache", str(work / "xla_cache_teacher"),
+                 *SIZES["encode"]]  # fmt: skip
         return run_benchmark(args, "encode_throughput.py", flags, limit)
     raise ValueError(f"unknown part {name!r}")
 

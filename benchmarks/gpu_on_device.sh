@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# The GPU figures of issues #35-#36 in one device call of at most 9 minutes on one H100 / H200: launch
-# to first step of `caliber_jax.train --config configs/caliber.py` with a cold and a warm
-# compilation cache, the 0.6B student's step (XLA and cuDNN attention; PyTorch reference for the
-# ratio) and the 8B teacher's encode throughput, as one JSON file (benchmarks/device_report.py
-# says what each part measures). Each part prints its result when it ends and the JSON is
-# rewritten after each, so a call cut short still returns what finished.
+# Issue #55's GPU figures on one NVIDIA H100 / H200, in two device calls that fit 15 minutes of
+# device time: one whole epoch of `caliber_jax.train --config configs/caliber.py` launch to exit;
+# the packed student step at the paper's batch and at >= 16K real tokens per step, beside PyTorch
+# eager and torch.compile'd on the same passages; the 8B teacher over 10,240 real passages in
+# embed_teacher's length-sorted batches (benchmarks/device_report.py says what each part
+# measures). Each part prints its result when it ends and the JSON is rewritten after each, so a
+# call cut short still returns what finished.
 #
-#   bash benchmarks/gpu_on_device.sh prepare   # here, once: .whl and runs/device/filings.jsonl.gz
-#   # through the device tool, carrying .whl and runs/device (timeout_s 540 or more):
-#   bash benchmarks/gpu_on_device.sh [SECONDS] # SECONDS: all of it (default 480); JSON in $OUT
-#   # A GPU run had 900 s: d37e027's ran `... 570` (timeout_s 590; the machine started in
-#   # ~30 s), then, on the still-warm machine whose /tmp/device_report kept the setup, the parts
-#   # left: `PARTS=train_warm,teacher_8b_encode bash benchmarks/gpu_on_device.sh 285`. 71a747e's
-#   # (the machine goes back after 30 s idle: start the second call at once): `PARTS=setup,
-#   # teacher_8b_encode,student_cudnn,student_cudnn_scan,train_cold ... 570`, then
-#   # `PARTS=train_warm,student_packed,student_xla ... 390` (781 s of device time in all).
+#   bash benchmarks/gpu_on_device.sh prepare   # here, once: .whl and runs/device (< 64 MiB with
+#                                              # the tree: check the du line it prints)
+#   # Call 1, carrying .whl and runs/device (timeout_s 595; the machine's start is not in it):
+#   PARTS=setup,train_epoch bash benchmarks/gpu_on_device.sh 585
+#   # Call 2 AT ONCE (the machine goes back after 30 s idle; its /tmp/device_report keeps call
+#   # 1's model, data and caches), timeout_s 300, in priority order:
+#   PARTS=student_packed,student_packed_16k,teacher_8b_encode bash benchmarks/gpu_on_device.sh 290
+#
+# Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
+# 595 + 300 s of commands. Call 1: setup ~60 s (unpacking the split, drawing 2 x 593 MB of
+# teacher vectors and importing them), then the epoch's remaining ~510 s: 71a747e's H200
+# (2026-11-28) projects ~230-400 s of steps after a first step at 60-130 s; an epoch cut short
+# reports its steps and the launch-to-exit time they project. Call 2: the student parts take
+# ~150-240 s each (one JAX compile of 70-130 s, torch.compile's with reduce-overhead) and the 8B
+# part ~240 s, so 290 s holds student_packed and likely part of student_packed_16k: what is
+# skipped ("skipped" in the JSON) is the next GPU's first call, with `train_warm` (the epoch's
+# cache, same machine) and worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs
+# picks Inductor's GEMM autotuning instead of CUDA graphs (minutes more of compile).
 #
 # CPU rehearsal (tests/test_device_report.py): CALIBER_DEVICE_REHEARSAL=1 PYTHON=.venv/bin/python
 # FILINGS=data/sample/filings.jsonl.gz bash benchmarks/gpu_on_device.sh: the same parts with a
-# toy two-layer Qwen3, no wheels installed.
+# toy two-layer Qwen3, no wheels installed, torch.compile through aot_eager.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DATA=runs/device
@@ -30,7 +40,22 @@ if [[ "${1:-}" == prepare ]]; then
   # The device gets a copy of the working tree without .git: device_report.py reports this.
   .venv/bin/python -c 'from caliber_jax import provenance; print(provenance.git_commit())' \
     > "$DATA/COMMIT"
-  # Every 18th filing (~2 MB): the data of the prepare part and the benchmarks' passages.
+  # The shared filings' training split, prepared here (the device would spend minutes on it):
+  # 144,696 passages, 147 MB as train.jsonl, ~22 MB as id/text/perturbed gzipped.
+  tmp=$(mktemp -d)
+  .venv/bin/python -m caliber_jax.prepare --config configs/caliber.py \
+    --config.prepare.input=../shared/data/financebench/filings.jsonl.gz \
+    --config.data.dir="$tmp" --config.prepare.numgap=False --config.prepare.numfine_items=0
+  python3 - "$tmp/train.jsonl" "$DATA/train.jsonl.gz" <<'EOF'
+import gzip, json, os, sys
+with open(sys.argv[1]) as f, gzip.open(sys.argv[2] + ".tmp", "wt", compresslevel=9) as g:
+    for line in f:
+        r = json.loads(line)
+        g.write(json.dumps({k: r.get(k) for k in ("id", "text", "perturbed")}) + "\n")
+os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+EOF
+  rm -rf "$tmp"
+  # Every 18th filing (~2 MB): the benchmarks' passages.
   python3 - "$DATA" <<'EOF'
 import gzip, itertools, sys
 from pathlib import Path
@@ -44,7 +69,7 @@ EOF
   exit 0
 fi
 
-LIMIT=${1:-480}
+LIMIT=${1:-585}
 OUT=${OUT:-runs/device_out}
 PYTHON=${PYTHON:-python3}
 FILINGS=${FILINGS:-$DATA/filings.jsonl.gz}
@@ -68,8 +93,9 @@ fi
 # XLA_FLAGS reach every part (e.g. --xla_gpu_enable_triton_gemm=false: fewer autotuned fusions,
 # a shorter compile; its step time is the question). Both are recorded in the JSON.
 "$PYTHON" benchmarks/device_report.py --out "$OUT/device_report.json" --work "$WORK" \
-  --filings "$FILINGS" --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" \
-  ${PARTS:+--parts "$PARTS"}
+  --filings "$FILINGS" --passages-gz "${PASSAGES_GZ-$DATA/train.jsonl.gz}" \
+  --limit-s "$((LIMIT - SECONDS - 10))" --python "$PYTHON" ${PARTS:+--parts "$PARTS"}
 rc=$?
-cp "$WORK"/*.log "$OUT"/ 2>/dev/null  # the train launches' logs come back with the JSON
+# The train launches' logs and the epoch's metrics.jsonl come back with the JSON.
+cp "$WORK"/*.log "$WORK"/*_metrics.jsonl "$OUT"/ 2>/dev/null
 exit $rc

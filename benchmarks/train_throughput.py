@@ -718,7 +718,8 @@ def main(argv=None) -> None:
         # Against the strongest PyTorch row (eager or compiled); each row's ratio too.
         strongest = max((name for name in seq if name != "jax"), key=seq.get)
         for name in sorted(set(seq) - {"jax"}):
-            print(f"ratio_jax_over_{name}={seq['jax'] / seq[name]:.3f}")
+            row = "torch_eager" if name == "torch" else name
+            print(f"ratio_jax_over_{row}={seq['jax'] / seq[name]:.3f}")
         print(f"torch_strongest={strongest}")
         print(f"ratio_jax_over_torch={seq['jax'] / seq[strongest]:.3f}")
 

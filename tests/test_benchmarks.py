@@ -360,6 +360,9 @@ def test_train_benchmark_runs_both_frameworks(capsys, tmp_path):
     assert float(values["ratio_jax_over_torch"]) == pytest.approx(
         float(values["jax_seq_per_s"]) / torch_rates[strongest], rel=1e-2
     )
+    assert float(values["ratio_jax_over_torch_eager"]) == pytest.approx(
+        float(values["jax_seq_per_s"]) / torch_rates["torch"], rel=1e-2
+    )
     assert float(values["ratio_jax_over_torch_compiled"]) == pytest.approx(
         float(values["jax_seq_per_s"]) / torch_rates["torch_compiled"], rel=1e-2
     )

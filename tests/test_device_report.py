@@ -19,11 +19,15 @@ def test_values_of_reads_key_value_lines():
         "preset=gpu-qwen3-0.6b device=NVIDIA H100 80GB HBM3 cores=14\njax_step_s=0.25\nx=a b\n"
         "jax_compiled shape=((32, 96), (16, 96)) at_s=21.5\n"
         "jax_compiled shape=((32, 160), (32, 160)) at_s=40.0\n"
+        "timed_batches=1 real_tokens_per_batch=16512\n"
+        "model=qwen3-8b layers=36 nonembedding_params=1 dtype=bfloat16 batch=64 passages=10240 "
+        "mean_tokens=99.8\n"
     )
     values = device_report.values_of(out)
     assert values["jax_step_s"] == 0.25 and values["x"] == "a"
     assert values["device_kind"] == "NVIDIA H100 80GB HBM3"
     assert values["jax_compiled_at_s"] == [21.5, 40.0]
+    assert values["real_tokens_per_batch"] == 16512 and values["passages"] == 10240
 
 
 def test_source_commit_falls_back_to_the_prepared_record(monkeypatch):
@@ -38,8 +42,8 @@ def test_source_commit_falls_back_to_the_prepared_record(monkeypatch):
     assert device_report.source_commit() == "0123456789ab"  # a checkout's own commit wins
 
 
-# Eight Python launches (two of caliber_jax.train, three benchmarks, two compiles): over a
-# minute on 2 cores even at toy size (3.3 min at load ~15, 7.6 at load 20-25; BENCHMARKS.md).
+# Nine Python launches (the teacher import, two of caliber_jax.train, three benchmarks, two
+# compiles; PyTorch traced by aot_eager): minutes on 2 cores even at toy size (BENCHMARKS.md).
 @pytest.mark.slow(140)
 def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     env = {
@@ -50,6 +54,7 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
         "OUT": str(tmp_path / "out"),
         "WORK": str(tmp_path / "work"),
         "JAX_PLATFORMS": "cpu",
+        "PASSAGES_GZ": "",  # prepare's toy split, even where runs/device holds the real one
     }
     result = subprocess.run(
         ["bash", str(REPO / "benchmarks" / "gpu_on_device.sh"), "3000"],
@@ -68,12 +73,32 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
             assert isinstance(part.get(key), float) and math.isfinite(part[key]), (name, key, part)
         # Each part's result was printed when it ended, before the next part started.
         assert f"\n{name}: {{" in "\n" + result.stdout
-    # The warm launch read the programs the cold one compiled from the shared cache (it may
-    # add the few the cold one had not built yet when it was stopped).
     parts = report["parts"]
-    assert 0 <= parts["train_warm"]["cache_files_added"] < parts["train_cold"]["cache_files_added"]
-    assert "after train() began: weights" in parts["train_cold"]["startup"]
-    assert parts["student_xla"]["ratio_jax_over_torch"] > 0
+    # Setup imported its teacher vectors through embed_teacher into the split's stores.
+    data = tmp_path / "work" / "data"
+    assert (data / "teacher_train" / "x").is_dir() and (data / "teacher_train" / "px").is_dir()
+    assert parts["setup"]["passages_source"].startswith("caliber_jax.prepare over")
+    # The epoch ran launch to exit, every step of it; its metrics and log came back.
+    epoch = parts["train_epoch"]
+    assert epoch["rc"] == 0 and epoch["finished"] is True, epoch
+    assert epoch["steps"] == epoch["epoch_steps"] == parts["setup"]["passages"] // 8
+    assert 0 < epoch["first_step_s"] < epoch["exit_s"] and 1 <= epoch["step_programs"] <= 4
+    assert 0 < epoch["mfu_steady"] and 0 < epoch["mfu_epoch"]
+    assert "after train() began: weights" in epoch["startup"]
+    metrics = (tmp_path / "out" / "train_epoch_metrics.jsonl").read_text().splitlines()
+    assert json.loads(metrics[-1])["step"] == epoch["steps"]
+    assert (tmp_path / "out" / "train_epoch.log").exists()
+    # The warm launch read the programs the epoch compiled from the shared cache.
+    assert parts["train_warm"]["cache_files_added"] < epoch["cache_files_added"]
+    # PyTorch eager and compiled beside the packed step; the ratio is against the faster.
+    student = parts["student_packed"]
+    assert student["torch_strongest"] in ("torch", "torch_compiled")
+    assert student["ratio_jax_over_torch"] == pytest.approx(
+        min(student["ratio_jax_over_torch_eager"], student["ratio_jax_over_torch_compiled"]),
+        rel=1e-3,
+    )
+    assert parts["student_packed_16k"]["batch_size"] > student["batch_size"]
+    assert parts["teacher_8b_encode"]["passages"] == 48
 
 
 def test_train_flags_come_from_the_environment(monkeypatch):
