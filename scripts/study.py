@@ -1,6 +1,6 @@
 """The reproduction study: Initial, Teacher, LEAF and Caliber side by side (+ ablation, seeds).
 
-    python scripts/study.py --preset demo                       # minutes: what launch/demo.sh runs
+    python scripts/study.py --preset demo                       # ~3 minutes: what `make demo` runs
     python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz \
         --ablation --seeds 0,1 --results_md docs/results.md
     python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
@@ -9,7 +9,9 @@
 Every stage is the user-facing CLI (prepare, embed_teacher, train, export, evaluate), run as a
 subprocess with the same config file, so the study is also a test of the commands in the README.
 LEAF and Caliber share the initialisation, seed and data order; only lambda (and margin) differ.
-Writes <output>/study.json (all results + wall-clock times), study.md (tables) and plots.
+Writes <output>/study.json (all results + wall-clock times), study.md (tables) and plots. The demo
+ends with a before/after table (`before_after_table`): its student trained with the numeric
+objective against its teacher, its untrained start and LEAF, with paired tests.
 """
 
 import argparse
@@ -25,13 +27,23 @@ sys.path.insert(0, str(REPO))
 from stages import Stage, config_value, run_stages, with_seed_means  # noqa: E402  (scripts/ is on sys.path)
 
 from caliber_jax import cli, evaluate, host, provenance  # noqa: E402
-from caliber_jax.eval import plots  # noqa: E402
+from caliber_jax.eval import plots, significance  # noqa: E402
 
 # The paper's eq. 4 (LEAF at lambda = 0) on a config whose default objective is another one.
 EQ4 = ["--config.loss.objective=caliber", "--config.loss.perturb_weight=1.0"]
+# The paper's LEAF (eq. 4 at lambda 0) on the demo's data, beside its numeric student.
+DEMO_VARIANTS = [("LEAF", [*EQ4, "--config.loss.lam=0.0"]), ("Numeric", [])]
 PRESETS = {
-    # Evaluated at the 128 tokens it trains on: encoding dominates the demo's wall time.
-    "demo": {"config": "configs/demo.py", "overrides": [], "eval_args": ["--max_length=128"]},
+    # configs/demo.py:numeric: a 3-layer student distilled with the neighbour objective, and LEAF
+    # (distillation alone) on the same passages, order and steps; the Initial row is the untrained
+    # 3-layer cut. Evaluated at the 128 tokens it trains on.
+    "demo": {
+        "config": "configs/demo.py:numeric",
+        "overrides": [],
+        "eval_args": ["--max_length=128"],
+        "variants": DEMO_VARIANTS,
+        "initial": True,
+    },
     # Every model at the students' training length (their exports say 128, the teacher's 256).
     "full": {"config": "configs/study.py", "overrides": [], "eval_args": ["--max_length=128"]},
     # Issue #15: mpnet teacher, full MiniLM student with W_out; its own resumable flow.
@@ -69,9 +81,9 @@ PRESETS = {
             ("Numeric", []),  # the best recipe
         ],
     },
-    # The whole path in about a minute, for the tests.
+    # The demo's path in about a minute, for the tests.
     "smoke": {
-        "config": "configs/demo.py",
+        "config": "configs/demo.py:numeric",
         "overrides": [
             "--config.prepare.max_passages=48",
             "--config.prepare.max_val_passages=16",
@@ -83,26 +95,84 @@ PRESETS = {
             "--config.batch_size=8",
             "--config.total_steps=3",
         ],
+        "variants": DEMO_VARIANTS,
+        "initial": True,
         # Every model at the students' training length, as the other presets score at one limit
         # (the teacher and the Initial cut would otherwise read 256 tokens, the students 64).
         "eval_args": ["--max_length=64"],
     },
 }
 TASKS = "financebench,numgap"
-# The demo's last lines: what its table shows and does not, and the command that measures the effect
-# (figures and wall time from docs/results.md and docs/numeric.md, where they were measured).
+# The demo's last lines: where the same objective is shown at a useful size, and the full recipe.
+# Each figure is a record's (docs/demo_record.json says which; tests/test_study.py checks them).
 DEMO_EPILOGUE = """\
-What this shows: every stage ran end to end (prepare -> teacher vectors -> train -> export ->
-evaluate) on the bundled sample, and each row is a model loaded back from its exported directory.
-What it does not show: 8 steps (one epoch of 256 passages, 45 NumGap records) cannot move NumGap
-(D stays ~0 for every model) nor bring the 3-layer student to its teacher, so LEAF and Caliber tie.
-The effect the project exists for, a small student that retrieves better than its start and tells
-numbers apart where its teacher cannot, is shown at a small size by
+The student above is a 3-layer cut trained for a few dozen steps on 256 passages: it separates
+numbers its teacher does not, but it retrieves far below its teacher. The same objective at a size
+where the student also retrieves well (all-mpnet-base-v2 teacher, all-MiniLM-L6-v2 + W_out student):
   python scripts/study.py --preset headline-verify --filings FILINGS
-30 minutes from a fresh clone on a 2-core CPU (docs/results.md, session 23: FinanceBench nDCG@10
-0.569 against the start's 0.500, NumGap-D 0.123 against the teacher's 0.004; FILINGS: the
-FinanceBench filings, filings.jsonl.gz). The full recipe (`--preset headline-late800 --seeds 0,1`,
-CPU days, resumable) reaches nDCG@10 0.608 at NumGap-D 0.381 (docs/results.md, session 24)."""
+about 30 minutes from a fresh clone on 2 CPU cores (FILINGS: the FinanceBench filings,
+filings.jsonl.gz; 2026-11-27, commit 9fe52f7: FinanceBench nDCG@10 0.569 against its start's 0.500,
+NumGap-D 0.123 against its teacher's 0.004; docs/study_headline_verify/). The full recipe
+(`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches nDCG@10 0.608 at NumGap-D
+0.381 (docs/study_headline/); the paper's own setting (Qwen3-Embedding-0.6B student, 8B teacher,
+GPU) is configs/caliber.py."""
+DEMO_HEADING = """\
+## Before and after: the numeric objective on the bundled sample
+
+Initial: the students' untrained start, the teacher's first 3 layers. LEAF: that start distilled
+from the teacher alone (the paper's baseline). Numeric: the same passages, order and steps with the
+neighbour objective added (configs/demo.py:numeric). NumGap test records come from a filing that
+no student trained on; FinanceBench: the sample's questions. Paired tests on the same records and
+questions: 95% paired bootstrap interval, two-sided randomization test."""
+# The demo's closing table: these rows, and each paired test (model, against, task, metric).
+DEMO_ROWS = ("Teacher", "Initial", "LEAF s0", "Numeric s0")
+DEMO_TESTS = (
+    ("Numeric s0", "Teacher", "numgap", "D"),
+    ("Numeric s0", "LEAF s0", "numgap", "D"),
+    ("Numeric s0", "LEAF s0", "financebench", "ndcg_at_10"),
+    ("Numeric s0", "Initial", "financebench", "ndcg_at_10"),
+)
+METRIC_NAMES = {("numgap", "D"): "NumGap-D", ("financebench", "ndcg_at_10"): "nDCG@10"}
+
+
+def before_after_table(
+    results: dict[str, dict],
+    rows: tuple[str, ...] = DEMO_ROWS,
+    tests: tuple[tuple[str, str, str, str], ...] = DEMO_TESTS,
+    *,
+    resamples: int = 10_000,
+) -> str:
+    """Markdown: NumGap-D (overall and per category) and FinanceBench nDCG@10 of `rows`, then
+    each paired test of `tests` (the difference, its 95% paired bootstrap interval, the two-sided
+    randomization p and the records or questions won / lost / tied), from per-query values."""
+    any_result = results[rows[0]]
+    records = any_result["numgap"]["overall"]["n"]
+    questions = len(significance.per_query_values(any_result, "financebench", "ndcg_at_10"))
+    categories = [
+        name for name in ("magnitude", "polarity", "unit") if name in any_result["numgap"]
+    ]
+    header = ["model", f"NumGap-D (test, n = {records})", *categories,
+              f"FinanceBench nDCG@10 (n = {questions})"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in rows:
+        numgap = results[label]["numgap"]
+        values = [numgap["overall"]["D"], *(numgap[name]["D"] for name in categories),
+                  results[label]["financebench"]["ndcg_at_10"]]  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(f"{v:.4f}" for v in values) + " |")
+    lines += ["", "| model | against | metric | difference | 95% CI | p | wins / losses / ties |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for label, against, task, metric in tests:
+        pair = significance.paired_comparison(
+            significance.per_query_values(results[label], task, metric),
+            significance.per_query_values(results[against], task, metric),
+            resamples=resamples, name_a=label, name_b=against,
+        )  # fmt: skip
+        lines.append(
+            f"| {label} | {against} | {METRIC_NAMES.get((task, metric), metric)} | "
+            f"{pair['diff']:+.4f} | [{pair['ci_low']:+.4f}, {pair['ci_high']:+.4f}] | "
+            f"{pair['p_value']:.2g} | {pair['wins']} / {pair['losses']} / {pair['ties']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def run(stage: str, args: list[str], times: dict[str, float]) -> None:
@@ -199,8 +269,8 @@ def main() -> None:
 
     # label -> (model directory, encoder layers evaluated; 0 = all)
     models: dict[str, tuple[str, int]] = {"Teacher": (teacher_dir, 0)}
-    if "variants" not in preset:
-        models = {"Initial": (teacher_dir, 3), **models}
+    if preset.get("initial", "variants" not in preset):  # the students' untrained start
+        models = {"Initial": (teacher_dir, config_value(common, "model.num_layers")), **models}
     runs = [
         (label, [f"--config.loss.lam={lam}", f"--config.loss.margin={margin}",
                  f"--config.seed={seed}"])
@@ -278,7 +348,9 @@ def main() -> None:
     for line in provenance.summary_lines(results, prefix="study"):
         print(line)
     if args.preset in ("demo", "smoke"):  # smoke: the demo's path, cut down for the tests
-        print("\n" + DEMO_EPILOGUE)
+        table = before_after_table(results)
+        (out / "before_after.md").write_text(table)
+        print("\n" + DEMO_HEADING + "\n\n" + table + "\n" + DEMO_EPILOGUE)
 
 
 def _evaluate_args(models: dict[str, tuple[str, int]], out: Path, eval_args: list[str]):

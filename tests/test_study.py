@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow(60)
 def test_study_smoke_runs_every_stage(tmp_path, financebench_third):
+    """The demo's path cut down: LEAF and the numeric student from the same 3-layer start."""
     out = tmp_path / "smoke"
     result = subprocess.run(
         [sys.executable, "scripts/study.py", "--preset", "smoke", "--output", str(out),
@@ -20,27 +21,40 @@ def test_study_smoke_runs_every_stage(tmp_path, financebench_third):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
-    assert list(study["results"]) == ["Initial", "Teacher", "LEAF s0", "Caliber s0"]
+    assert list(study["results"]) == ["Initial", "Teacher", "LEAF s0", "Numeric s0"]
     for label, results in study["results"].items():
         assert 0.0 <= results["financebench"]["ndcg_at_10"] <= 1.0, label
         assert 0.0 <= results["numgap"]["overall"]["D"] <= 1.0, label
     # The teacher is the real all-MiniLM-L6-v2: its retrieval is far above the 3-layer Initial.
     assert study["results"]["Teacher"]["financebench"]["ndcg_at_10"] > 0.4
-    assert study["results"]["Caliber s0"]["train_summary"]["step"] == 3
+    assert study["results"]["Initial"]["settings"]["num_layers"] == 3
+    assert study["results"]["Numeric s0"]["train_summary"]["step"] == 3
+    configs = {label: json.loads((out / label.replace(" ", "_") / "config.json").read_text())
+               for label in ("LEAF s0", "Numeric s0")}  # fmt: skip
+    assert configs["Numeric s0"]["loss"]["objective"] == "neighbour"
+    assert (configs["LEAF s0"]["loss"]["objective"], configs["LEAF s0"]["loss"]["lam"]) == (
+        "caliber",
+        0.0,
+    )
+    assert "train/sim_nb" in study["results"]["Numeric s0"]["train_summary"]
     assert (out / "LEAF_s0" / "hf" / "modules.json").is_file()
     report = (out / "study.md").read_text()
     assert "## FinanceBenchRetrieval" in report
-    # Paired tests on the same queries / NumGap records, Caliber against LEAF among them.
+    # Paired tests on the same queries / NumGap records, the numeric student against LEAF.
     for table in ("financebench ndcg_at_10", "numgap D", "numgap M"):
         assert f"## Paired comparisons, {table} (n = " in report, table
-    assert "| Caliber s0 | LEAF s0 |" in report
+    assert "| Numeric s0 | LEAF s0 |" in report
     assert any((out / "figures").glob("*.png"))
-    # The last lines: every row computed now, then what the demo's numbers do and do not show.
     lines = result.stdout.strip().splitlines()
-    assert "study: computed now: Initial, Teacher, LEAF s0, Caliber s0" in lines
+    assert "study: computed now: Initial, Teacher, LEAF s0, Numeric s0" in lines
     assert "study: restored from records: none" in lines
-    epilogue = _study_module().DEMO_EPILOGUE.splitlines()
-    assert lines[-len(epilogue) :] == epilogue
+    # The last lines: the before/after table (written beside the report too), then the pointers.
+    study_module = _study_module()
+    table = (out / "before_after.md").read_text()
+    closing = [*study_module.DEMO_HEADING.splitlines(), "", *table.splitlines(), "",
+               *study_module.DEMO_EPILOGUE.splitlines()]  # fmt: skip
+    assert lines[-len(closing) :] == closing
+    assert table.splitlines()[0].startswith("| model | NumGap-D (test, n = 12) | magnitude |")
 
 
 def _study_module():
@@ -53,23 +67,85 @@ def _study_module():
     return module
 
 
-def test_demo_epilogue_quotes_the_docs_figures():
-    """The demo's closing figures are the ones docs/results.md measured (rounded to 3 places)."""
-    epilogue = _study_module().DEMO_EPILOGUE
-    results = (REPO / "docs" / "results.md").read_text()
-    assert "--preset headline-verify --filings" in epilogue
-    verify = results[results.index("## Session 23") :]
-    assert "**30 min 7 s**" in verify and "30 minutes from a fresh clone" in epilogue
-    assert "| **Late lp verify s0** | **0.5692** | **0.1231** |" in verify
-    assert "| Initial lp verify s0 (fitted start) | 0.5000 |" in verify
-    assert "| Teacher all-mpnet-base-v2 | 0.6609 | 0.0038 |" in verify
-    assert (
-        "nDCG@10\n0.569 against the start's 0.500, NumGap-D 0.123 against the teacher's 0.004"
-        in (epilogue)
+def _result(numgap_d: dict[str, int], ndcg: dict[str, float]) -> dict:
+    """A results dict as `caliber_jax.evaluate` writes it, for records r0.. (even: magnitude, odd:
+    polarity) and questions q0.."""
+    categories = {"magnitude": [], "polarity": []}
+    for record, d in numgap_d.items():
+        categories["magnitude" if int(record[1:]) % 2 == 0 else "polarity"].append(d)
+    return {
+        "numgap": {
+            "overall": {"D": sum(numgap_d.values()) / len(numgap_d), "n": len(numgap_d)},
+            **{name: {"D": sum(v) / len(v), "n": len(v)} for name, v in categories.items()},
+        },
+        "financebench": {"ndcg_at_10": sum(ndcg.values()) / len(ndcg)},
+        "per_query": {"numgap": {"D": numgap_d}, "financebench": {"ndcg_at_10": ndcg}},
+    }
+
+
+def test_before_after_table_rows_and_paired_tests():
+    """The demo's closing table on 10 made-up records and 4 questions: the figures of each row,
+    and exact randomization p-values (2^n sign flips <= the resamples)."""
+    records = [f"r{i}" for i in range(10)]
+    questions = [f"q{i}" for i in range(4)]
+    zeros = dict.fromkeys(records, 0)
+    results = {
+        "Teacher": _result({**zeros, "r0": 1}, dict.fromkeys(questions, 0.5)),
+        "Initial": _result(zeros, dict.fromkeys(questions, 0.0)),
+        "LEAF s0": _result(zeros, {"q0": 0.3, "q1": 0.2, "q2": 0.1, "q3": 0.2}),
+        "Numeric s0": _result({**zeros, **dict.fromkeys(records[:6], 1)},
+                              {"q0": 0.3, "q1": 0.1, "q2": 0.1, "q3": 0.2}),
+    }  # fmt: skip
+    lines = _study_module().before_after_table(results).splitlines()
+    assert lines[0] == (
+        "| model | NumGap-D (test, n = 10) | magnitude | polarity | FinanceBench nDCG@10 (n = 4) |"
     )
-    assert "| **Late800, s0+s1** | **0.6083** |" in results and "**0.381** |" in results
-    assert "--preset headline-late800 --seeds 0,1" in epilogue
-    assert "nDCG@10 0.608 at NumGap-D 0.381" in epilogue
+    assert lines[2:6] == [
+        "| Teacher | 0.1000 | 0.2000 | 0.0000 | 0.5000 |",
+        "| Initial | 0.0000 | 0.0000 | 0.0000 | 0.0000 |",
+        "| LEAF s0 | 0.0000 | 0.0000 | 0.0000 | 0.2000 |",
+        "| Numeric s0 | 0.6000 | 0.6000 | 0.6000 | 0.1750 |",
+    ]
+    tests = lines[9:]
+    # Five records separated that the teacher keeps together (r0 both): p = 2 / 2^5.
+    assert tests[0].startswith("| Numeric s0 | Teacher | NumGap-D | +0.5000 | [")
+    assert tests[0].endswith("| 0.062 | 5 / 0 / 5 |")
+    # Six against LEAF: p = 2 / 2^6; every resample of six +1 and four 0 stays in [0.3, 0.9].
+    assert tests[1].startswith("| Numeric s0 | LEAF s0 | NumGap-D | +0.6000 | [+0.")
+    assert tests[1].endswith("| 0.031 | 6 / 0 / 4 |")
+    # One question lost by 0.1 out of 4: a difference no test can tell from noise (p = 1).
+    assert tests[2] == (
+        "| Numeric s0 | LEAF s0 | nDCG@10 | -0.0250 | [-0.0750, +0.0000] | 1 | 0 / 1 / 3 |"
+    )
+    assert tests[3].startswith("| Numeric s0 | Initial | nDCG@10 | +0.1750 | [")
+    assert tests[3].endswith("| 0.12 | 4 / 0 / 0 |")
+    assert len(tests) == 4
+
+
+def test_demo_epilogue_quotes_the_records():
+    """The demo's closing pointers quote the records that measured them (docs/demo_record.json
+    names each), rounded to 3 places; nothing is read from the prose docs."""
+    epilogue = " ".join(_study_module().DEMO_EPILOGUE.split())
+    record = json.loads((REPO / "docs" / "demo_record.json").read_text())
+    verify, full = record["pointers"]["headline_verify"], record["pointers"]["headline_late800"]
+    assert f"python scripts/study.py {verify['command']}" in epilogue
+    assert f"about {round(verify['wall_s'] / 60)} minutes from a fresh clone" in epilogue
+    assert f"{verify['date']}, commit {verify['commit'][:7]}" in epilogue
+    results = json.loads((REPO / verify["record"]).read_text())["results"]
+    late, start, teacher = (results[label] for label in verify["rows"])
+    assert (
+        f"nDCG@10 {late['financebench']['ndcg_at_10']:.3f} against its start's "
+        f"{start['financebench']['ndcg_at_10']:.3f}, NumGap-D "
+        f"{late['numgap']['overall']['D']:.3f} against its teacher's "
+        f"{teacher['numgap']['overall']['D']:.3f}"
+    ) in epilogue
+    runs = [json.loads((REPO / full["record"]).read_text())["results"][label]
+            for label in full["rows"]]  # fmt: skip
+    ndcg = sum(run["financebench"]["ndcg_at_10"] for run in runs) / len(runs)
+    d = sum(run["numgap"]["overall"]["D"] for run in runs) / len(runs)
+    assert f"`{full['command']}`" in epilogue
+    assert f"reaches nDCG@10 {ndcg:.3f} at NumGap-D {d:.3f}" in epilogue
+    assert "configs/caliber.py" in epilogue
 
 
 @pytest.mark.slow(100)
