@@ -148,6 +148,28 @@ def test_demo_epilogue_quotes_the_records():
     assert "configs/caliber.py" in epilogue
 
 
+def test_demo_record_holds_the_table_it_quotes():
+    """docs/demo_record.json's recorded before/after table says what its figures say, and the
+    record names the command, date, commit, config and machine that produced it."""
+    demo = json.loads((REPO / "docs" / "demo_record.json").read_text())["demo"]
+    for field in ("command", "date", "commit", "config", "machine", "shared", "wall_s"):
+        assert demo[field], field
+    lines = demo["table"].splitlines()
+    assert list(demo["rows"]) == list(_study_module().DEMO_ROWS)
+    for label, row in demo["rows"].items():
+        values = [row["numgap_d"], *(row[f"numgap_d_{name}"] for name in ("magnitude", "polarity",
+                  "unit")), row["ndcg_at_10"]]  # fmt: skip
+        assert f"| {label} | " + " | ".join(f"{v:.4f}" for v in values) + " |" in lines, label
+        assert row["provenance"]["commit"].startswith(demo["commit"]), label
+    assert len(demo["paired"]) == len(_study_module().DEMO_TESTS)
+    for pair in demo["paired"]:
+        head = f"| {pair['model']} | {pair['against']} | "
+        (line,) = [line for line in lines
+                   if line.startswith(head) and f"| {pair['diff']:+.4f} |" in line]  # fmt: skip
+        assert line.endswith(f"| {pair['p_value']:.2g} | {pair['wins']} / {pair['losses']} / "
+                             f"{pair['ties']} |")  # fmt: skip
+
+
 @pytest.mark.slow(100)
 def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, financebench_third):
     """`--preset numeric` (issue #16) on the bundled sample, cut down by `--overrides`: the model
