@@ -391,3 +391,55 @@ def query_geometry_loss(
     pairs = (q_valid[:, None] & p_valid[None, :]).astype(jnp.float32)
     squared = jnp.square(s_sim - t_sim) * pairs
     return squared.sum(1) / jnp.maximum(pairs.sum(1), 1.0)
+
+
+def contrastive_loss(
+    s_q: jax.Array,
+    s_p: jax.Array,
+    q_valid: jax.Array,
+    p_valid: jax.Array,
+    *,
+    temperature: float,
+) -> tuple[jax.Array, jax.Array]:
+    """In-batch contrastive loss (InfoNCE, as in E5/GTE fine-tuning), one value per query.
+
+    Query i's positive is passage i (`s_p[i]`, the passage its question was mined from); every
+    other present passage of the batch is a negative. Per query: -log softmax_i(cos(s q_i, s p_j)
+    / temperature over the present j). Rows that are not present are zeroed before any
+    arithmetic and left out of every softmax, so NaN there reaches neither value nor gradient; a
+    query that is not present, or whose own passage is not, gets 0.
+
+    Args:
+      s_q: `[B, D]` student vectors of the queries (row i asks about passage i).
+      s_p: `[B, D]` student vectors of the passages.
+      q_valid: `[B]` bool, the queries that count.
+      p_valid: `[B]` bool, the passages that may be ranked (positives and negatives).
+      temperature: tau > 0 (0.05 is usual for unit vectors).
+
+    Returns:
+      `(per_query, correct)`: `[B]` float32 losses and `[B]` float32 1.0 where the query's own
+      passage has the highest similarity in the batch (0 elsewhere and on absent queries).
+    """
+    if s_q.ndim != 2 or s_q.shape != s_p.shape:
+        raise ValueError(f"expected [B, D] queries and passages, got {s_q.shape}, {s_p.shape}")
+    if q_valid.shape != s_q.shape[:1] or p_valid.shape != s_p.shape[:1]:
+        raise ValueError(f"q_valid {q_valid.shape} / p_valid {p_valid.shape} do not match")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    p_valid = p_valid.astype(bool)
+    q_valid = q_valid.astype(bool) & p_valid
+
+    def unit(x: jax.Array, valid: jax.Array) -> jax.Array:
+        x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+        return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
+
+    highest = jax.lax.Precision.HIGHEST
+    sim = jnp.matmul(unit(s_q, q_valid), unit(s_p, p_valid).T, precision=highest)
+    # A large finite negative, not -inf, for absent passages: no inf reaches the backward pass.
+    logits = jnp.where(p_valid[None, :], sim / temperature, -1e9)
+    log_probs = jax.nn.log_softmax(jnp.where(q_valid[:, None], logits, 0.0), axis=-1)
+    per_query = -jnp.where(q_valid, jnp.diagonal(log_probs), 0.0)
+    own = jnp.diagonal(sim)
+    rival = jnp.max(jnp.where(jnp.eye(sim.shape[0], dtype=bool) | ~p_valid[None, :], -2.0, sim), 1)
+    correct = (q_valid & (own > rival)).astype(jnp.float32)
+    return per_query, correct

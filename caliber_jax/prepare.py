@@ -10,6 +10,7 @@ so the NumGap test set never overlaps training text. FinanceBench evaluation fil
 unless `prepare.include_eval_docs`.
 """
 
+import collections
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,8 @@ def prepare(
     balance_rules: bool = False,
     polarity_scope: str = "paper",
     category_weights: Mapping[str, float] | None = None,
+    queries_only: bool = False,
+    mined_dev: int = 0,
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -82,7 +85,14 @@ def prepare(
     these weights among those that fire (1 for a category left out), e.g. {"polarity": 3}.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
     number) from the same held-out documents.
+    `queries_only` (with `queries`) keeps only the training passages that get a question, before
+    the cap: the mined phase's data, every row a (question, passage) pair (issue #57).
+    `mined_dev` > 0 (with `queries` and held-out documents) writes `mined_dev.jsonl`: up to that
+    many questions of held-out passages, each asked of one passage only, in FinanceBench's
+    format (`retrieval.load_financebench`), the retrieval dev set the mined recipe is chosen on.
     """
+    if (queries_only or mined_dev) and not queries:
+        raise ValueError("prepare.queries_only and prepare.mined_dev need prepare.queries=True")
     tilted = len({(category_weights or {}).get(c, 1.0) for c in categories}) > 1
     if tilted and not balance_rules:
         raise ValueError("prepare.category_weights applies to the redrawn training perturbations: "
@@ -125,6 +135,9 @@ def prepare(
     )
     train = [p for p in passages if p["doc_name"] not in heldout]
     heldout_passages = [p for p in passages if p["doc_name"] in heldout]
+    if queries_only:
+        asked = make_queries(train)
+        train = [p for p, q in zip(train, asked, strict=True) if q]
     train = sample(train, max_train_passages, seed=seed)
     # The cap is validation's alone: NumGap draws from every held-out passage (below).
     val = sample(heldout_passages, max_val_passages, seed=seed)
@@ -154,6 +167,11 @@ def prepare(
         train = [{**p, "query": q} for p, q in zip(train, make_queries(train), strict=True)]
         val = [{**p, "query": q} for p, q in zip(val, make_queries(val), strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
+    if mined_dev:
+        if not heldout_passages:
+            raise ValueError("prepare.mined_dev needs held-out documents (heldout_fraction > 0)")
+        dev_records = mined_dev_records(heldout_passages, cap=mined_dev, seed=seed)
+        corpus.save_jsonl(output_dir / "mined_dev.jsonl", dev_records)
     if val:
         corpus.save_jsonl(output_dir / "val.jsonl", val)
     chosen = count_categories(passages)
@@ -283,6 +301,23 @@ def make_queries(passages: Sequence[dict[str, Any]]) -> list[str | None]:
     return [query for query, _ in generated]
 
 
+def mined_dev_records(
+    passages: Sequence[dict[str, Any]], *, cap: int, seed: int
+) -> list[dict[str, Any]]:
+    """Up to `cap` (question, passage) pairs of `passages` (`make_queries`) as FinanceBench
+    records: "financebench_id" "mined:<passage id>", "question", "evidence" [{"evidence_text"}],
+    "doc_name". A question generated for more than one passage is left out (it would have several
+    right answers and one graded); a seeded sample in corpus order."""
+    asked = make_queries(passages)
+    counts = collections.Counter(q for q in asked if q)
+    pairs = [
+        {"financebench_id": f"mined:{p['id']}", "question": q,
+         "evidence": [{"evidence_text": p["text"]}], "doc_name": p["doc_name"]}
+        for p, q in zip(passages, asked, strict=True) if q and counts[q] == 1
+    ]  # fmt: skip
+    return sample(pairs, cap, seed=seed)
+
+
 def mine_heldout_neighbours(
     train_texts: Sequence[str], texts: Sequence[str], *, k: int, max_jaccard: float = 0.5
 ) -> list[int | None]:
@@ -354,6 +389,8 @@ def prepare_from_config(config) -> dict[str, Any]:
         balance_rules=options.get("balance_rules", False),
         polarity_scope=options.get("polarity_scope", "paper"),
         category_weights=dict(options.get("category_weights", {})),
+        queries_only=options.get("queries_only", False),
+        mined_dev=options.get("mined_dev", 0),
     )
 
 

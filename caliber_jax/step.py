@@ -97,9 +97,10 @@ def loss_fn(
     """
     s_x, s_px = embed_pairs(graphdef, params, batch)
     s_q = None
-    if loss_args.get("query_weight"):
+    if loss_args.get("query_weight") or loss_args.get("contrastive_weight"):
         if "query_input_ids" not in batch:
-            raise ValueError("loss.query_weight > 0 needs training queries (prepare.queries)")
+            term = "query_weight" if loss_args.get("query_weight") else "contrastive_weight"
+            raise ValueError(f"loss.{term} > 0 needs training queries (prepare.queries)")
         model = nnx.merge(graphdef, params)
         s_q = model(batch["query_input_ids"], batch["query_attention_mask"])
     return vectors_loss(s_x, s_px, batch, s_q=s_q, **loss_args)
@@ -118,6 +119,9 @@ def vectors_loss(
     structure_weight: float = 0.0,
     query_weight: float = 0.0,
     query_passages: str = "both",
+    contrastive_weight: float = 0.0,
+    contrastive_temperature: float = 0.05,
+    contrastive_judge: str = "none",
     s_q: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
@@ -128,11 +132,27 @@ def vectors_loss(
     vectors `s_q` [B, E] against every x and pi(x) of the batch, or with `query_passages="x"`
     against the x rows only, leaving pi(x) free to move (part "query": its mean over the rows
     with a query).
+
+    With `contrastive_weight` > 0, also `contrastive_weight` times the in-batch contrastive loss
+    (`losses.contrastive_loss` at `contrastive_temperature`) of each row's mined question against
+    the batch's x rows, its own x the positive (issue #57). `contrastive_judge` "teacher" keeps a
+    question only where the teacher ranks its passage first in the batch (the embedding judge of
+    the mining pipeline, applied to in-batch candidates); "none" keeps every question. Parts
+    "contrastive" (mean over the kept questions), "contrastive_acc" (the student's in-batch
+    top-1 accuracy on them) and "contrastive_kept" (their share of the rows with a question).
     """
     loss, parts = _pair_loss(
         s_x, s_px, batch, lam=lam, margin=margin, reduction=reduction, objective=objective,
         perturb_weight=perturb_weight, structure_weight=structure_weight,
     )  # fmt: skip
+    if contrastive_weight:
+        if s_q is None:
+            raise ValueError("loss.contrastive_weight > 0 needs the student's query vectors (s_q)")
+        term, extra = _contrastive_term(
+            s_q, s_x, batch, temperature=contrastive_temperature, judge=contrastive_judge
+        )
+        loss = loss + contrastive_weight * term
+        parts = {**parts, **extra}
     if not query_weight:
         return loss, parts
     if s_q is None:
@@ -150,6 +170,35 @@ def vectors_loss(
     q_weights = weights * has_q
     query = jnp.sum(q_weights * per_query) / jnp.maximum(jnp.sum(q_weights), 1e-12)
     return loss + query_weight * query, {**parts, "query": query}
+
+
+CONTRASTIVE_JUDGES = ("none", "teacher")
+
+
+def _contrastive_term(
+    s_q: jax.Array, s_x: jax.Array, batch: dict[str, jax.Array], *, temperature: float, judge: str
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`vectors_loss`'s contrastive term: its batch mean over the kept questions and its parts."""
+    if judge not in CONTRASTIVE_JUDGES:
+        raise ValueError(f"loss.contrastive_judge must be one of {CONTRASTIVE_JUDGES}, got {judge!r}")
+    weights = batch["weight"].astype(jnp.float32)
+    valid = weights > 0
+    has_q = batch["has_q"].astype(bool) & valid
+    kept = has_q
+    if judge == "teacher":
+        _, teacher_first = losses.contrastive_loss(
+            batch["teacher_q"], batch["teacher_x"], has_q, valid, temperature=temperature
+        )
+        kept = has_q & (teacher_first > 0)
+    per_query, correct = losses.contrastive_loss(s_q, s_x, kept, valid, temperature=temperature)
+    kept_weights = weights * kept
+    count = jnp.maximum(jnp.sum(kept_weights), 1e-12)
+    term = jnp.sum(kept_weights * per_query) / count
+    return term, {
+        "contrastive": term,
+        "contrastive_acc": jnp.sum(kept_weights * correct) / count,
+        "contrastive_kept": jnp.sum(kept_weights) / jnp.maximum(jnp.sum(weights * has_q), 1e-12),
+    }
 
 
 def _pair_loss(
@@ -299,6 +348,9 @@ EVAL_PART_ROWS = {
     "hinge_active_frac": "term_rows",
     "sim_nb": "term_rows",
     "query": "query_rows",
+    "contrastive": "contrastive_rows",
+    "contrastive_acc": "contrastive_rows",
+    "contrastive_kept": "query_rows",
 }
 
 
@@ -320,6 +372,8 @@ def eval_step(
     counts = {"rows": jnp.sum(weight), "pert_rows": jnp.sum(pert), "term_rows": jnp.sum(term)}
     if "has_q" in batch:
         counts["query_rows"] = jnp.sum(weight * batch["has_q"])
+    if "contrastive_kept" in parts:
+        counts["contrastive_rows"] = parts["contrastive_kept"] * counts["query_rows"]
     sums = {k: v * counts[EVAL_PART_ROWS.get(k, "rows")] for k, v in parts.items()}
     return {"loss": loss * counts["rows"], **sums, **counts}
 

@@ -93,7 +93,9 @@ def make_source(
     "train_neighbour" rows (`prepare.mine_heldout_neighbours`)."""
     passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
     # The training queries' store (`embed_teacher`), read only when the query term is on.
-    teacher_q = teacher_x.parent / "q" if config.loss.get("query_weight", 0.0) else None
+    loss = config.loss
+    uses_queries = loss.get("query_weight", 0.0) or loss.get("contrastive_weight", 0.0)
+    teacher_q = teacher_x.parent / "q" if uses_queries else None
     for path in (passages, teacher_x, *([teacher_q] if teacher_q else [])):
         if not path.exists():
             raise FileNotFoundError(
@@ -307,7 +309,8 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
     # Each part over the rows it is a mean of (`step.eval_step`): every row, the perturbed rows,
     # or the numeric term's rows (for "neighbour": perturbed and with a neighbour).
     counts = {
-        name: totals.pop(name) for name in ("rows", "pert_rows", "term_rows", "query_rows")
+        name: totals.pop(name) for name in ("rows", "pert_rows", "term_rows", "query_rows",
+                                              "contrastive_rows")
         if name in totals
     }  # fmt: skip
     out = {}
@@ -467,6 +470,9 @@ def _train(
         structure_weight=config.loss.structure_weight,
         query_weight=config.loss.get("query_weight", 0.0),
         query_passages=config.loss.get("query_passages", "both"),
+        contrastive_weight=config.loss.get("contrastive_weight", 0.0),
+        contrastive_temperature=config.loss.get("contrastive_temperature", 0.05),
+        contrastive_judge=config.loss.get("contrastive_judge", "none"),
     )
     # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
     # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).

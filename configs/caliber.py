@@ -38,6 +38,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.prepare.neighbour_k = 0  # BM25 neighbours searched per training passage; 0 = none
     # A training question per passage (offline generator; the query-geometry term, issue #37).
     config.prepare.queries = False
+    # With queries: keep only the training passages that get a question (the mined phase's
+    # data, issue #57), and write mined_dev.jsonl, up to this many held-out (question, passage)
+    # pairs in FinanceBench's format (the retrieval dev set; 0 = none).
+    config.prepare.queries_only = False
+    config.prepare.mined_dev = 0
     # Redraw the training perturbations so each rule of a category is about equally common.
     config.prepare.balance_rules = False
     # Where direction words may be swapped: "paper" (Appendix D.3, within 50 characters of any
@@ -176,6 +181,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.query_weight = 0.0
     # The passages it covers: "both" (x and pi(x)) or "x" (pi(x) free to move; issue #37 pilots).
     config.loss.query_passages = "both"
+    # Weight of the in-batch contrastive loss (losses.contrastive_loss, InfoNCE) of each row's mined
+    # question (prepare.queries) against the batch's passages, its own the positive (issue #57;
+    # 0 = off), its temperature, and its judge: "teacher" keeps a question only where the teacher
+    # ranks its passage first in the batch, "none" keeps every question.
+    config.loss.contrastive_weight = 0.0
+    config.loss.contrastive_temperature = 0.05
+    config.loss.contrastive_judge = "none"
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

@@ -539,3 +539,63 @@ def test_query_geometry_loss_gradient_matches_finite_differences():
             numeric[index] = (total(*up) - total(*down)) / (2 * eps)
         np.testing.assert_allclose(grad, numeric, atol=2e-3)
     assert float(np.abs(grads[0]).sum()) > 0 and float(np.abs(grads[1]).sum()) > 0
+
+
+def test_contrastive_loss_hand_values():
+    """Two queries, two passages, tau 0.5: q0 = (1,0) against p0 = (1,0), p1 = (.6,.8) gives
+    logits (2, 1.2), loss log(1 + e^-0.8); q1 = (0,1) gives (0, 1.6), loss log(1 + e^-1.6)."""
+    s_q = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+    s_p = jnp.array([[1.0, 0.0], [0.6, 0.8]])
+    both = jnp.array([True, True])
+    per_query, correct = losses.contrastive_loss(s_q, s_p, both, both, temperature=0.5)
+    np.testing.assert_allclose(
+        per_query, [math.log1p(math.exp(-0.8)), math.log1p(math.exp(-1.6))], rtol=1e-6
+    )
+    np.testing.assert_array_equal(correct, [1.0, 1.0])
+    # Swapped passages: each query's own passage is now the worse one.
+    per_query, correct = losses.contrastive_loss(s_q, s_p[::-1], both, both, temperature=0.5)
+    np.testing.assert_allclose(
+        per_query, [math.log1p(math.exp(0.8)), math.log1p(math.exp(1.6))], rtol=1e-6
+    )
+    np.testing.assert_array_equal(correct, [0.0, 0.0])
+    # Vectors that are not unit length are normalised first (cosines, not dot products).
+    scaled, _ = losses.contrastive_loss(3 * s_q, 2 * s_p, both, both, temperature=0.5)
+    np.testing.assert_allclose(scaled[0], math.log1p(math.exp(-0.8)), rtol=1e-6)
+
+
+def test_contrastive_loss_masks_absent_rows_and_keeps_gradients_finite():
+    """An absent passage leaves every softmax (its column drops out); an absent query scores 0;
+    NaN in absent rows reaches neither the value nor the gradient."""
+    s_q = jnp.array([[1.0, 0.0], [0.0, 1.0], [jnp.nan, 1.0]])
+    s_p = jnp.array([[1.0, 0.0], [0.6, 0.8], [jnp.nan, jnp.nan]])
+    q_valid = jnp.array([True, True, True])  # query 2's passage is absent: it scores 0
+    p_valid = jnp.array([True, True, False])
+
+    def total(q, p):
+        per_query, _ = losses.contrastive_loss(q, p, q_valid, p_valid, temperature=0.5)
+        return per_query.sum(), per_query
+
+    (value, per_query), grads = jax.value_and_grad(total, argnums=(0, 1), has_aux=True)(s_q, s_p)
+    np.testing.assert_allclose(
+        per_query, [math.log1p(math.exp(-0.8)), math.log1p(math.exp(-1.6)), 0.0], rtol=1e-6
+    )
+    assert bool(jnp.isfinite(value))
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+    np.testing.assert_array_equal(grads[1][2], [0.0, 0.0])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        losses.contrastive_loss(s_q, s_p, q_valid, p_valid, temperature=0.0)
+
+
+def test_contrastive_loss_gradient_pulls_the_positive_closer():
+    """One gradient step on the loss raises cos(q, own passage) and lowers the rival's."""
+    s_q = jnp.array([[0.8, 0.6], [0.6, 0.8]])
+    s_p = jnp.array([[0.6, 0.8], [0.8, 0.6]])  # each query is nearer the other's passage
+    both = jnp.array([True, True])
+
+    def mean_loss(p):
+        return losses.contrastive_loss(s_q, p, both, both, temperature=0.1)[0].mean()
+
+    moved = s_p - 0.05 * jax.grad(mean_loss)(s_p)
+    assert float(mean_loss(moved)) < float(mean_loss(s_p))
+    own = losses.cosine(s_q, moved)
+    assert bool(jnp.all(own > losses.cosine(s_q, s_p)))

@@ -413,3 +413,45 @@ def test_validation_cap_does_not_shrink_numgap(tmp_path):
     assert capped["numgap"]["test"]["magnitude"] == 3
     records = [(tmp_path / name / "numgap_test.jsonl").read_text() for name in ("all", "one")]
     assert records[0] == records[1]
+
+
+def test_prepare_queries_only_and_mined_dev_set(tmp_path):
+    """`queries_only` keeps the training passages that get a question (the mined phase's data);
+    `mined_dev` writes held-out (question, passage) pairs in FinanceBench's format, each question
+    asked of one passage; the evaluation filing (gamma) reaches neither."""
+    from caliber_jax.eval import retrieval
+
+    items = ["Operating income", "Research expenses"]
+    rows = []
+    for number, name in enumerate(["alpha", "beta", "gamma", "delta", "epsilon"]):
+        paragraphs = [  # two paragraphs of six state a fact the offline generator asks about
+            f"Section {i} of {name}. "
+            + (f"{items[i]} of {name} increased {i + 2}.{number}% to ${i + 3}.{number} billion "
+               f"in fiscal {2000 + 2 * number + i}, driven by pricing. " if i < 2 else
+               f"The board of {name} met {i} times and reviewed its risk policies at length. ") * 3
+            for i in range(6)
+        ]  # fmt: skip
+        rows.append({"doc_name": name, "company": name.upper(), "text": "\n\n".join(paragraphs),
+                     "financebench_eval_doc": name == "gamma"})  # fmt: skip
+    source = tmp_path / "c.jsonl"
+    corpus.save_jsonl(source, rows)
+    out = tmp_path / "out"
+    everything = prepare_lib.prepare(source, tmp_path / "all", seed=0, heldout_fraction=0.5,
+                                     queries=True)  # fmt: skip
+    prepare_lib.prepare(source, out, seed=0, heldout_fraction=0.5, queries=True,
+                        queries_only=True, mined_dev=50)  # fmt: skip
+    all_train = corpus.load_jsonl(tmp_path / "all" / "train.jsonl")
+    train = corpus.load_jsonl(out / "train.jsonl")
+    assert train and all(row["query"] for row in train)
+    assert [row["id"] for row in train] == [row["id"] for row in all_train if row["query"]]
+    assert len(train) < len(all_train)  # some passages had no question and were left out
+    heldout = set(everything["heldout_documents"])
+    dev = corpus.load_jsonl(out / "mined_dev.jsonl")
+    assert dev and {row["doc_name"] for row in dev} <= heldout
+    assert all("gamma" not in row["doc_name"] for row in [*train, *dev])
+    questions = [row["question"] for row in dev]
+    assert len(set(questions)) == len(questions)
+    queries, docs, qrels = retrieval.load_financebench(out / "mined_dev.jsonl")
+    assert len(queries) == len(dev) and all(len(rel) == 1 for rel in qrels.values())
+    with pytest.raises(ValueError, match="need prepare.queries=True"):
+        prepare_lib.prepare(source, tmp_path / "bad", queries_only=True)

@@ -501,3 +501,52 @@ def test_accumulated_steps_equal_one_big_batch_step():
         )
         > 1e-5
     )
+
+
+def test_contrastive_term_wiring_judge_and_eval_step():
+    """loss_fn with contrastive_weight adds the weight times the mean `losses.contrastive_loss`
+    of the kept questions against the batch's x rows; judge "teacher" keeps only the questions
+    whose passage the teacher ranks first in the batch; the validation sums count the kept rows."""
+    graphdef, params = make_model(0)
+    teacher = make_model(1)
+    batch = with_queries(neighbour_batch(2, teacher), teacher)
+    batch["weight"] = batch["weight"].copy()
+    batch["weight"][-1] = 0.0
+    options = dict(lam=2.0, margin=0.05, reduction="batch", perturb_weight=0.0,
+                   objective="neighbour")  # fmt: skip
+    base, _ = step.loss_fn(params, batch, graphdef=graphdef, **options)
+    model = nnx.merge(graphdef, params)
+    s_q = model(batch["query_input_ids"], batch["query_attention_mask"])
+    s_x, _ = step.embed_pairs(graphdef, params, batch)
+    valid = batch["weight"] > 0
+    has_q = batch["has_q"] & valid
+    # The teacher's own in-batch ranking decides which questions the judge keeps.
+    t_sim = np.asarray(batch["teacher_q"]) @ np.asarray(batch["teacher_x"]).T
+    t_sim /= np.linalg.norm(batch["teacher_q"], axis=1, keepdims=True).clip(1e-12)
+    t_sim /= np.linalg.norm(batch["teacher_x"], axis=1, keepdims=True).T.clip(1e-12)
+    rivals = np.where(np.eye(len(valid), dtype=bool) | ~valid[None, :], -2.0, t_sim).max(1)
+    teacher_first = has_q & (np.diagonal(t_sim) > rivals)
+    for judge, kept in (("none", has_q), ("teacher", teacher_first)):
+        per_query, _ = losses.contrastive_loss(s_q, s_x, jnp.asarray(kept), jnp.asarray(valid),
+                                               temperature=0.05)  # fmt: skip
+        want = float(np.sum(np.asarray(per_query) * kept) / kept.sum())
+        loss, parts = step.loss_fn(params, batch, graphdef=graphdef, contrastive_weight=0.5,
+                                   contrastive_judge=judge, **options)  # fmt: skip
+        np.testing.assert_allclose(parts["contrastive"], want, rtol=1e-5, err_msg=judge)
+        np.testing.assert_allclose(loss, base + 0.5 * want, rtol=1e-5, err_msg=judge)
+        np.testing.assert_allclose(parts["contrastive_kept"], kept.sum() / has_q.sum(), rtol=1e-6)
+        sums = jax.device_get(step.eval_step(params, batch, graphdef=graphdef,
+                                             contrastive_weight=0.5, contrastive_judge=judge,
+                                             **options))  # fmt: skip
+        np.testing.assert_allclose(float(sums["contrastive_rows"]), kept.sum(), rtol=1e-6)
+        np.testing.assert_allclose(sums["contrastive"] / sums["contrastive_rows"], want, rtol=1e-5)
+    assert 0 < teacher_first.sum() < has_q.sum()  # the judge really drops some and keeps some
+    grads = jax.grad(lambda p: step.loss_fn(p, batch, graphdef=graphdef, contrastive_weight=0.5,
+                                            **options)[0])(params)  # fmt: skip
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    plain = {k: v for k, v in batch.items() if not k.startswith(("query_", "teacher_q", "has_q"))}
+    with pytest.raises(ValueError, match="contrastive_weight > 0 needs training queries"):
+        step.loss_fn(params, plain, graphdef=graphdef, contrastive_weight=0.5, **options)
+    with pytest.raises(ValueError, match="contrastive_judge"):
+        step.loss_fn(params, batch, graphdef=graphdef, contrastive_weight=0.5,
+                     contrastive_judge="llm", **options)  # fmt: skip
