@@ -18,6 +18,11 @@ runs from the same start, e.g. a distilled student and one trained with the nume
 
     python -m caliber_jax.export --workdir runs/numeric --blend_with runs/leaf \
         --interpolate 0.5 --output runs/soup/hf
+
+`--dtype float16` (or bfloat16) ships the weights in half the bytes: every tensor of
+`model.safetensors` and of the Dense W_out is rounded once, after any blend was computed in float32,
+and `config.json`'s `torch_dtype` says so. Both `Embedder.from_pretrained` and `SentenceTransformer`
+read such a directory; the default, float32, writes the params exactly as trained.
 """
 
 import json
@@ -25,6 +30,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import flags
@@ -36,21 +42,27 @@ from caliber_jax.models import embedding, hf
 # Written last, after the weights, config.json, the tokenizer and the sentence-transformers files:
 # a directory without it is an export cut short.
 DONE_FILE = "caliber_export.json"
+# The weight dtypes an export can write (`torch_dtype` names).
+WEIGHT_DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
 
 
 def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int | None = None,
            query_prompt: str | None = None, interpolate: float | None = None,
-           blend_with: str | os.PathLike | None = None) -> epath.Path:  # fmt: skip
+           blend_with: str | os.PathLike | None = None,
+           dtype: str = "float32") -> epath.Path:  # fmt: skip
     """Writes the student of `workdir` (its resolved config.json + checkpoint) to `output`.
 
     `interpolate` in [0, 1] blends the checkpoint with the initial student, or with the latest
     checkpoint of the run in `blend_with` (same student architecture), (module docstring).
+    `dtype` ("float32", "float16" or "bfloat16") is the dtype of the written weights.
     """
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"export: dtype={dtype!r}, expected one of {', '.join(WEIGHT_DTYPES)}")
     workdir, output = paths.as_path(workdir), paths.as_path(output)
     if paths.is_remote(output):  # write locally, then copy the finished directory over
         with tempfile.TemporaryDirectory() as local:
             export(workdir, local, step=step, query_prompt=query_prompt,
-                   interpolate=interpolate, blend_with=blend_with)  # fmt: skip
+                   interpolate=interpolate, blend_with=blend_with, dtype=dtype)  # fmt: skip
             _copy_tree(epath.Path(local), output)
         return output
     config = _read_config(workdir)
@@ -100,7 +112,9 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         query_prompt=query_prompt,
         passthrough=passthrough,
     )
-    record = {"workdir": str(workdir), "step": int(step)}
+    if dtype != "float32":  # the params (and any blend) stay float32 until here: one rounding
+        _cast_weights(output, dtype)
+    record = {"workdir": str(workdir), "step": int(step), "dtype": dtype}
     if interpolate is not None:
         record["interpolate"] = float(interpolate)
     if blend_with is not None:
@@ -108,6 +122,26 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         record["blend_step"] = int(other_step)
     hf.save_json(record, output / DONE_FILE)
     return output
+
+
+def _cast_weights(output: epath.Path, dtype: str) -> None:
+    """Rewrites the written float32 weights (encoder, Dense W_out) in `dtype`, and config.json's
+    `torch_dtype`; raises ValueError naming a tensor that does not fit (float16 tops at 65504)."""
+    target = WEIGHT_DTYPES[dtype]
+    for folder in (output, output / embedding.DENSE_DIR):
+        if not (folder / "model.safetensors").is_file():
+            continue  # no W_out
+        cast = {}
+        for name, value in hf.read_safetensors(folder).items():
+            cast[name] = value.astype(target) if np.issubdtype(value.dtype, np.floating) else value
+            if not np.all(np.isfinite(cast[name].astype(np.float32))):
+                raise ValueError(
+                    f"export: tensor {name!r} overflows {dtype} (largest magnitude "
+                    f"{np.max(np.abs(value)):.4g}); export it in float32 or bfloat16"
+                )
+        hf.save_safetensors(cast, folder / "model.safetensors")
+    config = json.loads((output / "config.json").read_text())
+    hf.save_json({**config, "torch_dtype": dtype}, output / "config.json")
 
 
 def _read_config(workdir: epath.Path) -> ml_collections.ConfigDict:
@@ -159,6 +193,7 @@ def main(argv: Sequence[str]) -> None:
             query_prompt=values.query_prompt,
             interpolate=values.interpolate,
             blend_with=values.blend_with,
+            dtype=values.dtype,
         )
     )
 
@@ -176,4 +211,7 @@ if __name__ == "__main__":
         "blend_with", None, "With --interpolate: another run's workdir whose trained weights take "
         "the initial student's place (a model soup of two runs from the same start).",
     )  # fmt: skip
+    flags.DEFINE_string(
+        "dtype", "float32", f"Dtype of the written weights: {', '.join(WEIGHT_DTYPES)}."
+    )
     cli.run(main)

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import grain
 import ml_collections
@@ -14,7 +15,7 @@ from safetensors.numpy import load_file
 from sentence_transformers import SentenceTransformer
 
 from caliber_jax import Embedder, checkpoint, optim, step
-from caliber_jax.export import export
+from caliber_jax.export import WEIGHT_DTYPES, export
 from caliber_jax.models import embedding
 from tests.models.test_qwen3 import make_hf_qwen3
 
@@ -228,3 +229,122 @@ def test_cli_export_prints_no_checkpoint_warning(minilm_dir, tmp_path):
     )
     exported = load_file(tmp_path / "hf" / "model.safetensors")
     assert len(exported) > 0 and (tmp_path / "hf" / "config.json").is_file()
+
+
+def _weight_files(out):
+    """The export's safetensors files: the encoder's and, when present, the Dense W_out's."""
+    out = Path(out)
+    return [p for p in (out / "model.safetensors", out / "2_Dense" / "model.safetensors")
+            if p.is_file()]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_export_writes_every_tensor_in_that_dtype(minilm_dir, tmp_path, dtype):
+    """`dtype="float16"`/"bfloat16" writes every tensor of model.safetensors (the pooler too) and
+    of 2_Dense/ in that dtype, in about half the bytes of the float32 export of the same run;
+    config.json's torch_dtype and the export record say it."""
+    from safetensors import safe_open
+
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3, out_dim=128)
+    full = export(workdir, tmp_path / "hf32")
+    half = export(workdir, tmp_path / f"hf_{dtype}", dtype=dtype)
+    assert len(_weight_files(half)) == 2
+    stored = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+    for out, name in ((full, "float32"), (half, dtype)):
+        for path in _weight_files(out):
+            with safe_open(path, framework="numpy") as handle:
+                found = {handle.get_slice(k).get_dtype() for k in handle.keys()}
+            assert found == {stored[name]}, (path, found)
+        assert json.loads((out / "config.json").read_text())["torch_dtype"] == name
+        assert json.loads((out / "caliber_export.json").read_text())["dtype"] == name
+    ratio = sum(p.stat().st_size for p in _weight_files(half)) / sum(
+        p.stat().st_size for p in _weight_files(full)
+    )
+    assert 0.49 < ratio < 0.51, ratio  # 2 bytes a value instead of 4; the headers are tiny
+    # The same tensors, rounded once from float32.
+    for path16, path32 in zip(_weight_files(half), _weight_files(full), strict=True):
+        values16, values32 = load_file(path16), load_file(path32)
+        assert set(values16) == set(values32)
+        for name, value in values32.items():
+            np.testing.assert_array_equal(values16[name], value.astype(values16[name].dtype))
+    # The loader behind `Embedder.from_pretrained` reads them back as float32 params, exactly.
+    read16 = embedding.load_flat_params(half, embedding.read_spec(half))
+    read32 = embedding.load_flat_params(full, embedding.read_spec(full))
+    assert set(read16) == set(read32)
+    for name, value in read32.items():
+        assert read16[name].dtype == np.float32, name
+        rounded = value.astype(WEIGHT_DTYPES[dtype]).astype(np.float32)
+        np.testing.assert_array_equal(read16[name], rounded, err_msg=name)
+
+
+def test_float16_export_encodes_like_float32_in_both_loaders(minilm_dir, tmp_path):
+    """The float16 export's vectors agree with the float32 export's to cosine >= 0.999 per
+    sentence, through `SentenceTransformer(dir)` and `Embedder.from_pretrained(dir)`, and the two
+    loaders agree with each other on the float16 export.
+
+    0.999: float16 keeps 11 significant bits, so each weight moves by at most 2^-11 of itself
+    (about 5e-4), independently; over 3 layers and the W_out that turns a vector by a few 1e-4
+    radians (1 - cosine ~ 3e-7 measured), so 1 - 0.999 = 1e-3 leaves a wide margin while still
+    catching a wrong cast (a scaled, transposed or zeroed tensor costs far more). Cosines are of
+    the normalised vectors: `SentenceTransformer` loads the float16 directory in float16
+    (config.json's torch_dtype), so its Normalize runs in float16 and its vectors' norms are 1
+    only to ~4e-4 (hence atol 1e-3 between the loaders); loaded in float32 it computes what
+    `Embedder` computes (float32 on the float16 weights), to 1e-5.
+    """
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=3, out_dim=128)
+    full = export(workdir, tmp_path / "hf32")
+    half = export(workdir, tmp_path / "hf16", dtype="float16")
+    vectors = {}
+    for name, out in (("full", full), ("half", half)):
+        vectors[name, "ours"] = Embedder.from_pretrained(out).encode(TEXTS)
+        model = SentenceTransformer(str(out), device="cpu")
+        vectors[name, "st"] = model.encode(TEXTS, convert_to_numpy=True).astype(np.float32)
+
+    def cosine(a, b):
+        return np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    for loader in ("ours", "st"):
+        agreement = cosine(vectors["half", loader], vectors["full", loader])
+        assert np.all(agreement >= 0.999), (loader, agreement)
+        assert np.max(np.abs(vectors["half", loader] - vectors["full", loader])) > 0  # was cast
+    assert np.all(cosine(vectors["half", "ours"], vectors["half", "st"]) >= 0.999)
+    np.testing.assert_allclose(vectors["half", "ours"], vectors["half", "st"], atol=1e-3, rtol=0)
+    upcast = SentenceTransformer(str(half), device="cpu", model_kwargs={"dtype": torch.float32})
+    np.testing.assert_allclose(
+        vectors["half", "ours"], upcast.encode(TEXTS, convert_to_numpy=True), atol=1e-5, rtol=0
+    )
+
+
+def test_half_precision_export_casts_the_float32_blend_last(minilm_dir, tmp_path):
+    """--interpolate with --dtype float16: the blend is computed in float32 (as without --dtype),
+    then rounded once to float16, tensor by tensor (the Dense W_out too)."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=2, out_dim=128)
+    full = export(workdir, tmp_path / "hf32", interpolate=0.25)
+    half = export(workdir, tmp_path / "hf16", interpolate=0.25, dtype="float16")
+    for path16, path32 in zip(_weight_files(half), _weight_files(full), strict=True):
+        values16, values32 = load_file(path16), load_file(path32)
+        for name, value in values32.items():
+            np.testing.assert_array_equal(values16[name], value.astype(np.float16), err_msg=name)
+    record = json.loads((half / "caliber_export.json").read_text())
+    assert record["interpolate"] == 0.25 and record["dtype"] == "float16"
+
+
+def test_cli_rejects_an_unknown_dtype_in_one_line(minilm_dir, tmp_path):
+    """`--dtype float8` is one `error:` line on stderr (exit status 2, no traceback), and nothing
+    is written."""
+    import subprocess
+    import sys
+
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.export", f"--workdir={workdir}",
+         f"--output={tmp_path / 'hf'}", "--dtype=float8"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: export: dtype='float8', expected one of float32, float16, bfloat16"
+    ]
+    assert not (tmp_path / "hf").exists()
