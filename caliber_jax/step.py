@@ -180,7 +180,9 @@ def _contrastive_term(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`vectors_loss`'s contrastive term: its batch mean over the kept questions and its parts."""
     if judge not in CONTRASTIVE_JUDGES:
-        raise ValueError(f"loss.contrastive_judge must be one of {CONTRASTIVE_JUDGES}, got {judge!r}")
+        raise ValueError(
+            f"loss.contrastive_judge must be one of {CONTRASTIVE_JUDGES}, got {judge!r}"
+        )
     weights = batch["weight"].astype(jnp.float32)
     valid = weights > 0
     has_q = batch["has_q"].astype(bool) & valid

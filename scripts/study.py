@@ -59,6 +59,12 @@ PRESETS = {
     "headline-late": {"config": "configs/headline.py", "overrides": []},
     "headline-late800": {"config": "configs/headline.py", "overrides": []},
     "headline-late800-blend": {"config": "configs/headline.py", "overrides": []},
+    "headline-mined": {"config": "configs/headline.py", "overrides": []},
+    "headline-minednum": {"config": "configs/headline.py", "overrides": []},
+    "headline-mined-verify": {"config": "configs/headline.py", "overrides": []},
+    "headline-minednum-verify": {"config": "configs/headline.py", "overrides": []},
+    "headline-mined-pilot": {"config": "configs/headline.py", "overrides": []},
+    "headline-mined-pilot-verify": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -244,6 +250,16 @@ def main() -> None:
             return
         if args.preset == "headline-late800-blend":
             study_headline.run_late_blend(args, run)
+            return
+        if args.preset in ("headline-mined-pilot", "headline-mined-pilot-verify"):
+            study_headline.run_mined_pilots(args, run, verify=args.preset.endswith("verify"))
+            return
+        if args.preset.startswith(("headline-mined-", "headline-minednum")) or (
+            args.preset == "headline-mined"
+        ):
+            variant = args.preset.removeprefix("headline-").removesuffix("-verify")
+            study_headline.run_late(args, run, variant=variant,
+                                    verify=args.preset.endswith("-verify"))  # fmt: skip
             return
         if args.preset in ("headline-late", "headline-late800"):
             study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))

@@ -537,6 +537,12 @@ def run_late_blend(args, run: RunFn) -> None:
     add_times(out / "study.json", times)
 
 
+def phase_data(variant: str) -> str:
+    """The data folder of a phase run from the twin: the mined variants train on the passages
+    that get a question ("data_mined"), late and late800 on the late data ("data_late")."""
+    return "data_mined" if variant.startswith("mined") else "data_late"
+
+
 def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -> None:
     """Separate late, per seed: the distilled twin (`configs/headline.py:distill`, 2,000 steps
     of LEAF on the headline data, the run `headline-soup` blends with), exported; then
@@ -551,16 +557,17 @@ def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
-    data, late_data = out / "data", out / "data_late"
+    data, late_data = out / "data", out / phase_data(variant)
     record = record_dir(args, name)
     seeds = [int(s) for s in args.seeds.split(",")]
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
     late_args = stage_args(args, late_data, f":{variant}{size}")
+    phase = phase_data(variant).removeprefix("data_")
     if not (late_data / "stats.json").is_file():
-        run("prepare late", ["-m", "caliber_jax.prepare", *late_args], times)
-    run("teacher vectors late", ["-m", "caliber_jax.embed_teacher", *late_args,
-                                 f"--reuse_from={data}"], times)  # fmt: skip
+        run(f"prepare {phase}", ["-m", "caliber_jax.prepare", *late_args], times)
+    run(f"teacher vectors {phase}", ["-m", "caliber_jax.embed_teacher", *late_args,
+                                     f"--reuse_from={data}"], times)  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
 
@@ -589,3 +596,94 @@ def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -
     for stage_name, seconds in times.items():
         print(f"late: {stage_name}: {seconds:.0f} s")
     add_times(out / "study.json", times)  # the report's wall-clock table (`run_headline`)
+
+
+# `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
+# the seed-0 twin for the phase's steps, scored on the dev sets alone: the mined dev set
+# (`prepare.mined_dev`: generated questions of held-out filings, FinanceBench's format) and NumGap
+# dev. (variant, contrastive weight) -> label.
+MINED_PILOTS = {("mined", 0.1): "Pilot mined c0.1", ("mined", 1.0): "Pilot mined c1",
+                ("minednum", 0.1): "Pilot minednum c0.1",
+                ("minednum", 1.0): "Pilot minednum c1"}  # fmt: skip
+MINED_TARGET_D = 0.30  # issue #57's floor for the numeric student
+
+
+def choose_mined(dev: dict[str, dict], labels: list[str], *, target: float) -> str | None:
+    """The rule fixed before any candidate was scored: among `labels`, the highest mined-dev
+    nDCG@10 whose NumGap dev D reaches `target` (target 0: the highest nDCG@10); None when none
+    reaches it."""
+    reaching = [label for label in labels if dev[label]["numgap"]["overall"]["D"] >= target]
+    return max(reaching, key=lambda label: dev[label]["financebench"]["ndcg_at_10"], default=None)
+
+
+def run_mined_pilots(args, run: RunFn, *, verify: bool) -> None:
+    """Each of `MINED_PILOTS` trained from the seed-0 twin (made when missing) on the mined data,
+    exported, scored on the dev sets beside the twin (and Late where its run exists); the choice
+    of `choose_mined` per variant and the table go to `<output>/mined_pilots/mined_pilots.md`."""
+    name = "headline_verify" if verify else "headline"
+    size = ",verify" if verify else ""
+    out = Path(args.output or f"runs/{name}").resolve()
+    data, mined = out / "data", out / phase_data("mined")
+    record = record_dir(args, name)
+    times: dict[str, float] = {}
+
+    def stage(stage_name: str, argv: list[str]) -> None:
+        run(stage_name, argv, times)
+
+    prepared(args, run, data, size.replace(",", ":"), times)
+    mined_args = stage_args(args, mined, f":mined{size}")
+    if not (mined / "stats.json").is_file():
+        stage("prepare mined", ["-m", "caliber_jax.prepare", *mined_args])
+    stage("teacher vectors mined", ["-m", "caliber_jax.embed_teacher", *mined_args,
+                                    f"--reuse_from={data}"])  # fmt: skip
+    twin = distill_label(0, verify=verify)
+    start = exported(stage, twin, trained(stage, out, record,
+                                          stage_args(args, data, f":distill{size}"),
+                                          label=twin, seed=0))  # fmt: skip
+    folder = out / "mined_pilots"
+    dev_common = [f"--financebench={mined / 'mined_dev.jsonl'}",
+                  f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
+                  "--tasks=financebench,numgap"]  # fmt: skip
+    scored = functools.partial(scored_once, run, times, out, record)
+    dev: dict[str, dict] = {}
+    references = [(twin, start)]
+    late_variant = "late" if verify else "late800"
+    late = late_label(0, verify=verify, variant=late_variant)
+    if (out / evaluate.slug(late) / "hf" / "modules.json").is_file():
+        references.append((late, out / evaluate.slug(late) / "hf"))
+    for label, hf in references:
+        path = folder / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        dev[label] = scored(label, hf, path, dev_common)
+    path = folder / "results" / "Teacher" / "financebench+numgap.json"
+    dev["Teacher"] = scored("Teacher", mpnet_teacher(), path, [*dev_common, "--backend=torch"])
+    for (variant, weight), label in MINED_PILOTS.items():
+        workdir = folder / evaluate.slug(label)
+        if not (workdir / "summary.json").is_file():
+            stage(f"train {label}", ["-m", "caliber_jax.train",
+                                     *stage_args(args, mined, f":{variant}{size}"),
+                                     f"--config.model.init_dir={start}", "--config.seed=0",
+                                     f"--config.loss.contrastive_weight={weight}",
+                                     f"--workdir={workdir}"])  # fmt: skip
+        for file in ("summary.json", "config.json", "metrics.jsonl"):
+            record_file(workdir / file, out, record)
+        hf = exported(stage, label, workdir)
+        path = folder / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        dev[label] = scored(label, hf, path, dev_common)
+    lines = []
+    for variant, target in (("mined", 0.0), ("minednum", MINED_TARGET_D)):
+        labels = [label for (v, _), label in MINED_PILOTS.items() if v == variant]
+        chosen = choose_mined(dev, labels, target=target)
+        rule = f"NumGap dev D >= {target:g}, then " if target else ""
+        lines.append(f"- {variant}: {chosen or 'none'} ({rule}the highest mined-dev nDCG@10)")
+    records = numgap.load_numgap(data / "numgap_dev.jsonl")
+    rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
+    report = (f"# Mined-phase pilots: the dev sets only (mined dev = generated questions of "
+              f"held-out filings, in the FinanceBench columns; NumGap dev, {len(records)} "
+              f"records), {EVAL_MAX_LENGTH} tokens\n\n{evaluate.format_markdown(dev)}\n\n"
+              f"## The choice\n\n" + "\n".join(lines) +
+              f"\n\n## NumGap-D per rule (dev)\n\n{rules}\n")  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mined_pilots.md").write_text(report)
+    record_file(folder / "mined_pilots.md", out, record)
+    add_times(out / "study.json", times)
+    print(report)

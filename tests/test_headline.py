@@ -597,3 +597,73 @@ def test_late800_blend_chooses_the_share_on_dev_alone_and_scores_it_on_test(tmp_
     fake.calls.clear()
     study_headline.run_late_blend(args, fake)
     assert fake.stages == []
+
+
+def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_path, monkeypatch):
+    """`--preset headline-mined-pilot-verify` with each stage replaced by what it writes: the mined
+    data is prepared once (teacher vectors of the headline data reused), the seed-0 twin trains
+    once, every candidate starts from its export with its contrastive weight, every model is
+    scored on the two dev sets only (mined dev in FinanceBench's columns, NumGap dev), and the
+    choice per variant follows `choose_mined`; a rerun repeats nothing but the teacher checks."""
+    import argparse
+
+    import study_headline
+
+    out = tmp_path / "verify"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: tmp_path / "mpnet")
+    monkeypatch.setattr(study_headline.numgap, "load_numgap", lambda path: [])
+    monkeypatch.setattr(study_headline.numgap_rules, "per_rule", lambda records, results: {})
+    monkeypatch.setattr(study_headline.numgap_rules, "markdown", lambda table, labels: "")
+    dev = {  # label -> (mined-dev nDCG@10, NumGap dev D)
+        "Pilot mined c0.1": (0.60, 0.01), "Pilot mined c1": (0.65, 0.00),
+        "Pilot minednum c0.1": (0.58, 0.35), "Pilot minednum c1": (0.62, 0.20),
+    }  # fmt: skip
+
+    def scores(flag):
+        ndcg, d = dev.get(flag["--label"], (0.5, 0.0))
+        return {"label": flag["--label"], "financebench": {"ndcg_at_10": ndcg},
+                "numgap": {"overall": {"D": d}}}  # fmt: skip
+
+    fake_run = FakeStages(evaluate=scores)
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    argv = fake_run.argv()
+    trains = [stage for stage in fake_run.stages if stage.startswith("train ")]
+    assert trains == ["train Distill lp verify s0", *(f"train {label}" for label in dev)]
+    assert f"--reuse_from={out / 'data'}" in argv["teacher vectors mined"]
+    start = out / "Distill_lp_verify_s0" / "hf"
+    for (variant, weight), label in study_headline.MINED_PILOTS.items():
+        train = argv[f"train {label}"]
+        assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
+        assert f"--config.model.init_dir={start}" in train
+        assert f"--config.loss.contrastive_weight={weight}" in train
+        assert f"--config.data.dir={out / 'data_mined'}" in train
+    for stage, call in fake_run.calls:
+        if stage.startswith("evaluate"):
+            flag = _flags(call)
+            assert flag["--financebench"] == str(out / "data_mined" / "mined_dev.jsonl"), stage
+            assert flag["--numgap"] == str(out / "data" / "numgap_dev.jsonl"), stage
+    assert "--backend=torch" in argv["evaluate Teacher"]
+    report = (out / "mined_pilots" / "mined_pilots.md").read_text()
+    assert "- mined: Pilot mined c1 (the highest mined-dev nDCG@10)" in report
+    assert "- minednum: Pilot minednum c0.1 (NumGap dev D >= 0.3, then" in report
+    fake_run.calls.clear()
+    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    assert fake_run.stages == ["teacher vectors", "teacher vectors mined"]
+
+
+def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
+    import study_headline
+
+    def row(ndcg, d):
+        return {"financebench": {"ndcg_at_10": ndcg}, "numgap": {"overall": {"D": d}}}
+
+    dev = {"a": row(0.6, 0.4), "b": row(0.7, 0.2), "c": row(0.65, 0.31)}
+    assert study_headline.choose_mined(dev, ["a", "b", "c"], target=0.3) == "c"
+    assert study_headline.choose_mined(dev, ["a", "b", "c"], target=0.0) == "b"
+    assert study_headline.choose_mined(dev, ["a", "b"], target=0.5) is None
+    assert study_headline.phase_data("minednum") == "data_mined"
+    assert study_headline.phase_data("late800") == "data_late"
