@@ -35,6 +35,38 @@ def query_clause(loss: dict) -> str:
             " of x / pi(x))")  # fmt: skip
 
 
+def contrastive_clause(loss: dict) -> str:
+    """The in-batch contrastive term of the objective line (issue #57), where the run had one."""
+    if not loss.get("contrastive_weight"):
+        return ""
+    judge = loss.get("contrastive_judge", "none")
+    kept = ("the questions whose passage the teacher ranks first in the batch" if judge == "teacher"
+            else "every question")  # fmt: skip
+    return (f" + {loss['contrastive_weight']} x in-batch contrastive loss (InfoNCE, temperature "
+            f"{loss.get('contrastive_temperature')}) of each passage's mined question against the "
+            f"batch's passages, its own the positive ({kept})")  # fmt: skip
+
+
+def objective_text(loss: dict) -> str:
+    """The Training Details objective line: the neighbour recipe's terms, or LEAF's alignment."""
+    if loss.get("objective") == "caliber" and not loss.get("lam"):
+        return (f"||s(x) - t(x)|| + {loss.get('perturb_weight')} x ||s(pi x) - t(pi x)|| "
+                f"(LEAF's alignment){contrastive_clause(loss)}{query_clause(loss)}.")  # fmt: skip
+    return (f"||s(x) - t(x)|| + {loss.get('lam')} x max(0, cos(s x, s pi x) - cos(t x, t x_nb)\n"
+            f"  + {loss.get('margin')}) (\"{loss.get('objective')}\" hinge) + "
+            f"{loss.get('structure_weight')} x\n  in-batch similarity preservation"
+            f"{contrastive_clause(loss)}{query_clause(loss)}, perturb_weight\n"
+            f"  {loss.get('perturb_weight')}.")  # fmt: skip
+
+
+def data_clause(prepare: dict) -> str:
+    """What the Data line says of the training questions."""
+    if prepare.get("queries_only"):
+        return ("only the passages for which the offline question generator of the mining "
+                "pipeline finds a numeric fact to ask about, each with that question")  # fmt: skip
+    return "a training\n  question each where the offline question generator finds a numeric fact"
+
+
 def blend_clause(model_dir: Path) -> str:
     """The Training Details line of a weight-space blend (`export --blend_with`), read from the
     export's record and the other run's config; "" for a model exported from one run."""
@@ -226,12 +258,8 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
   filings excluded; NumGap from held-out filings only), one rule-based numeric perturbation each
   where a rule fires (categories {", ".join(prepare.get("categories", []))}; rules balanced within
   a category: {prepare.get("balance_rules")}; polarity rule: {polarity_scope}; category
-  weights: {weights_text(prepare)}), a topical BM25 neighbour each, and a training
-  question each where the offline question generator finds a numeric fact.
-- **Objective:** ||s(x) - t(x)|| + {loss.get("lam")} x max(0, cos(s x, s pi x) - cos(t x, t x_nb)
-  + {loss.get("margin")}) ("{loss.get("objective")}" hinge) + {loss.get("structure_weight")} x
-  in-batch similarity preservation{query_clause(loss)}, perturb_weight
-  {loss.get("perturb_weight")}.
+  weights: {weights_text(prepare)}), a topical BM25 neighbour each, and {data_clause(prepare)}.
+- **Objective:** {objective_text(loss)}
 - **Steps:** {steps} of batch {config.get("batch_size")}, AdamW lr {lr}, max length
   {train_length}, seed {config.get("seed")}; {start_clause(config)}
 {blend_clause(model_dir)}
@@ -267,7 +295,7 @@ def near_miss_clause(loss: dict) -> str:
         "- The hinge pushes a passage that differs in one number, unit or direction word down to\n"
         "  about the similarity of a topical neighbour: a query that should match a passage\n"
         '  whatever its amount or direction ("revenue rose or fell") may miss some of them\n'
-        "  (docs/results.md, \"The headline student\": one sentence through the teacher, the start\n"
+        '  (docs/results.md, "The headline student": one sentence through the teacher, the start\n'
         "  and this recipe).\n"
     )
 

@@ -667,3 +667,21 @@ def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
     assert study_headline.choose_mined(dev, ["a", "b"], target=0.5) is None
     assert study_headline.phase_data("minednum") == "data_mined"
     assert study_headline.phase_data("late800") == "data_late"
+
+
+def test_model_card_states_the_mined_objective_and_data():
+    """The card's objective line names the contrastive term with its weight, temperature and
+    judge; a LEAF-alignment run is not described as the neighbour hinge; the data line says the
+    passages are the ones with a mined question."""
+    mined = headline.get_config("mined").to_dict()
+    text = model_card.objective_text(mined["loss"])
+    assert text.startswith("||s(x) - t(x)|| + 1.0 x ||s(pi x) - t(pi x)|| (LEAF's alignment)")
+    assert f"+ {headline.MINED_CONTRASTIVE_WEIGHT} x in-batch contrastive loss" in text
+    assert "temperature 0.05" in text and "every question" in text and "hinge" not in text
+    both = headline.get_config("minednum").to_dict()
+    text = model_card.objective_text({**both["loss"], "contrastive_judge": "teacher"})
+    assert '"neighbour" hinge' in text and "teacher ranks first" in text
+    assert "only the passages" in model_card.data_clause(mined["prepare"])
+    late = headline.get_config("late800").to_dict()
+    assert "contrastive" not in model_card.objective_text(late["loss"])
+    assert "where the offline question generator" in model_card.data_clause(late["prepare"])
