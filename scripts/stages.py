@@ -182,12 +182,13 @@ def config_value(common: list[str], field: str):
 
 
 def with_seed_means(
-    results: dict[str, dict], against: str | None = None
+    results: dict[str, dict], against: str | None = None, pairs: Sequence[tuple[str, str]] = ()
 ) -> tuple[dict[str, dict], str]:
     """`results` plus each model trained on several seeds as its seed mean ("LEAF lp long s0+s1",
     restored, and marked so, when any of its seeds is), and the paired-test tables over them with
     every restored row marked; `against`: a model every trained one (not the Teacher nor an
-    Initial) is also paired with (e.g. the plain model a user runs today)."""
+    Initial) is also paired with (e.g. the plain model a user runs today); `pairs`: further
+    (a, b) tests, run where both models (or seed means) are there."""
     means = significance.seed_means(results)
     for name, mean in means.items():
         head, seeds = name.rsplit(" ", 1)
@@ -198,6 +199,7 @@ def with_seed_means(
     extra = [(label, against) for label in models
              if against in models and label != against and label != "Teacher"
              and not label.startswith("Initial")]  # fmt: skip
+    extra += [(a, b) for a, b in pairs if a in models and b in models and (a, b) not in extra]
     return models, provenance.mark_cells(significance.paired_tables(models, extra=extra), models)
 
 

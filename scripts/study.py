@@ -265,9 +265,10 @@ def main() -> None:
             study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))
             return
         verify = args.preset == "headline-verify"
-        if verify:  # the chosen recipe (separate late) at the same size, then the one report
+        if verify:  # the recipes from the twin at the same size, then the one report
             study_headline.mpnet_teacher()
-            study_headline.run_late(args, run, verify=True)
+            for variant in study_headline.VERIFY_PHASES:
+                study_headline.run_late(args, run, verify=True, variant=variant)
         study_headline.run_headline(args, run, verify=verify)
         return
 

@@ -42,6 +42,7 @@ from stages import record_file, with_seed_means  # noqa: E402
 
 from caliber_jax import evaluate, provenance  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
+from configs import demo  # noqa: E402
 
 CONFIG = "configs/headline.py"
 EVAL_MAX_LENGTH = 256  # the long mpnet study's token limit for every model
@@ -56,6 +57,8 @@ RECORDED_ROWS = {
                      "Caliber lp long s0", "Caliber lp long s1")},
 }  # fmt: skip
 PLAIN_START = "Initial t384 s0"
+# At the verification size plain all-MiniLM-L6-v2 (no W_out) is scored on the verify test set.
+PLAIN_VERIFY = "Plain MiniLM"
 TASK_FILES = ("financebench+mrl.json", "numgap.json", "financebench+numgap.json")
 KEY = provenance.KEY
 RunFn = Callable[[str, list[str], dict[str, float]], None]
@@ -342,18 +345,24 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
 
     if verify:
         evaluate_model("Teacher", mpnet_dir, "--backend=torch")
+        evaluate_model(PLAIN_VERIFY, Path(demo.minilm_dir()))
     timed("teacher vectors", ["-m", "caliber_jax.embed_teacher", *common])
 
     for seed in seeds:
+        if verify:
+            # The verification size trains the recipes from the twin (`run_late`), not the
+            # numeric recipe from the start; the fitted start (MiniLM + least-squares W_out) is
+            # the first twin's step-0 weights.
+            if seed == seeds[0]:
+                twin = out / evaluate.slug(distill_label(seed, verify=True))
+                start_label = f"Initial lp verify s{seed}"
+                start_dir = out / evaluate.slug(start_label) / "hf"
+                evaluate_model(start_label, exported(timed, start_label, twin, start_dir,
+                                                     "--interpolate=0"))  # fmt: skip
+            continue
         label = student_label(seed, verify=verify)
         workdir = trained(timed, out, record, common, label=label, seed=seed)
         evaluate_model(label, exported(timed, label, workdir))
-        if verify and seed == seeds[0]:
-            # The fitted start (MiniLM + least-squares W_out), as the first run began.
-            start_label = f"Initial lp verify s{seed}"
-            start_dir = out / evaluate.slug(start_label) / "hf"
-            evaluate_model(start_label, exported(timed, start_label, workdir, start_dir,
-                                                 "--interpolate=0"))  # fmt: skip
 
     results = {}
     if not verify:
@@ -362,7 +371,10 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
     for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
         row = load_results(directory)
         results[row.get("label", directory.name)] = row
-    models, paired = with_seed_means(results, against=PLAIN_START)
+    models, paired = with_seed_means(
+        results, against=PLAIN_VERIFY if verify else PLAIN_START,
+        pairs=phase_pairs(seeds, verify=verify),
+    )  # fmt: skip
     table = evaluate.format_markdown(models) + paired
     records = numgap.load_numgap(numgap_path)
     scored = {label: row for label, row in results.items()
@@ -388,7 +400,8 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
         # The student, and its blend with the distilled twin where `headline-soup` made one; both
         # cards describe the numeric run's training (the blend's says what it was blended with).
         numeric = out / evaluate.slug(student_label(seed, verify=verify))
-        lates = [late_label(seed, verify=verify, variant=v) for v in ("late", "late800")]
+        lates = [late_label(seed, verify=verify, variant=v)
+                 for v in ("late", "late800", "mined", "minednum")]  # fmt: skip
         cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
                  *((late, out / evaluate.slug(late)) for late in lates),
                  (blend_label(None, seed), out / evaluate.slug(lates[1]))]  # fmt: skip
@@ -535,6 +548,28 @@ def run_late_blend(args, run: RunFn) -> None:
         hf = blended(label, workdir, share, out / evaluate.slug(label) / "hf", path)
         scored(label, hf, path, test_common)
     add_times(out / "study.json", times)
+
+
+# The phases `--preset headline-verify` runs from each twin: the late numeric recipe, the mined
+# data alone and the mined data with the numeric recipe (issue #57).
+VERIFY_PHASES = ("late", "mined", "minednum")
+
+
+def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
+    """The paired tests that say what each phase adds: the mined data alone against the twin it
+    started from, mined + numeric against the late numeric recipe and against the mined data
+    alone; per seed and for the seed mean."""
+    tags = [f"s{seed}" for seed in seeds]
+    if len(seeds) > 1:
+        tags.append("+".join(tags))
+    size = "verify" if verify else "long"
+    late = "Late" if verify else "Late800"
+    pairs = []
+    for tag in tags:
+        mined, both = f"Mined lp {size} {tag}", f"Minednum lp {size} {tag}"
+        pairs += [(mined, f"Distill lp {size} {tag}"), (both, f"{late} lp {size} {tag}"),
+                  (both, mined)]  # fmt: skip
+    return pairs
 
 
 def phase_data(variant: str) -> str:

@@ -455,7 +455,17 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
     )  # fmt: skip
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_late(args, fake_run, verify=True)
+    monkeypatch.setattr(study_headline.demo, "minilm_dir", lambda: str(tmp_path / "minilm"))
+    paired = {}
+    real_seed_means = study_headline.with_seed_means
+
+    def seed_means(results, against, pairs):
+        paired.update(against=against, pairs=pairs)
+        return real_seed_means(results, against, pairs)
+
+    monkeypatch.setattr(study_headline, "with_seed_means", seed_means)
+    for variant in study_headline.VERIFY_PHASES:
+        study_headline.run_late(args, fake_run, verify=True, variant=variant)
     study_headline.run_headline(args, fake_run, verify=True)
     for stage, argv in fake_run.calls:
         if "caliber_jax.export" in argv:
@@ -465,19 +475,33 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
     assert [s for s in fake_run.stages if s.startswith(("train", "export", "evaluate"))] == [
         "train Distill lp verify s0", "export Distill lp verify s0",
         "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
-        "evaluate Late lp verify s0", "evaluate Teacher", "train Headline lp verify s0",
-        "export Headline lp verify s0", "evaluate Headline lp verify s0",
-        "export Initial lp verify s0", "evaluate Initial lp verify s0",
+        "evaluate Late lp verify s0", "train Mined lp verify s0", "export Mined lp verify s0",
+        "evaluate Mined lp verify s0", "train Minednum lp verify s0",
+        "export Minednum lp verify s0", "evaluate Minednum lp verify s0", "evaluate Teacher",
+        "evaluate Plain MiniLM", "export Initial lp verify s0", "evaluate Initial lp verify s0",
     ]  # fmt: skip
+    argv = fake_run.argv()
+    assert f"--model={tmp_path / 'minilm'}" in argv["evaluate Plain MiniLM"]
+    assert "--interpolate=0" in argv["export Initial lp verify s0"]
+    assert f"--workdir={out / 'Distill_lp_verify_s0'}" in argv["export Initial lp verify s0"]
+    for phase in ("Mined", "Minednum"):
+        assert f"--config.data.dir={out / 'data_mined'}" in argv[f"train {phase} lp verify s0"]
     report = (out / "study.md").read_text()
-    for label in ("Teacher", "Initial lp verify s0", "Distill lp verify s0",
-                  "Late lp verify s0", "Headline lp verify s0"):  # fmt: skip
+    for label in ("Teacher", "Plain MiniLM", "Initial lp verify s0", "Distill lp verify s0",
+                  "Late lp verify s0", "Mined lp verify s0", "Minednum lp verify s0"):  # fmt: skip
         assert f"| {label} |" in report, label
-    # The wall-clock table counts the late stages too (each faked at 1.5 s; "teacher vectors"
-    # ran in both halves).
+    # What each phase adds, and every trained model against plain MiniLM.
+    assert paired["against"] == "Plain MiniLM"
+    assert paired["pairs"] == [("Mined lp verify s0", "Distill lp verify s0"),
+                               ("Minednum lp verify s0", "Late lp verify s0"),
+                               ("Minednum lp verify s0", "Mined lp verify s0")]  # fmt: skip
+    assert ("Minednum lp verify s0+s1", "Late lp verify s0+s1") in study_headline.phase_pairs(
+        [0, 1], verify=True
+    )
+    # The wall-clock table counts the phases' stages too (each faked at 1.5 s).
     for stage in ("prepare late", "train Distill lp verify s0", "train Late lp verify s0"):
         assert f"| {stage} | 2 |" in report, stage
-    assert "| teacher vectors | 3 |" in report
+    assert "| teacher vectors | 6 |" in report  # once per phase and once in the report half
 
 
 def test_verify_and_long_step_counts_of_the_twin_and_late():
