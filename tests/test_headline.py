@@ -673,10 +673,16 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     assert "--backend=torch" in argv["evaluate Teacher"]
     report = (out / "mined_pilots" / "mined_pilots.md").read_text()
     assert "- mined: Pilot mined c1 (the highest mined-dev nDCG@10)" in report
-    assert "- minednum: Pilot minednum c0.1 (NumGap dev D >= 0.3, then" in report
+    assert "- minednum: Pilot minednum c0.1 (NumGap dev D >= 0.3000, then" in report
     fake_run.calls.clear()
     study_headline.run_mined_pilots(args, fake_run, verify=True)
     assert fake_run.stages == ["teacher vectors", "teacher vectors mined"]
+    # With the late recipe's run there, its dev D is the numeric candidates' floor.
+    dev["Late lp verify s0"] = (0.55, 0.15)
+    _write(out / "Late_lp_verify_s0" / "hf", {"modules.json": "[]"})
+    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    report = (out / "mined_pilots" / "mined_pilots.md").read_text()
+    assert "- minednum: Pilot minednum c1 (NumGap dev D >= 0.1500, then" in report
 
 
 def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
