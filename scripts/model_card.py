@@ -172,8 +172,10 @@ def write_card(
     starts: Sequence[str],
     workdir: Path,
     numgap_path: Path | str,
+    note: str = "",
 ) -> Path:
-    """Writes `<model_dir>/README.md` (atomically) and returns its path."""
+    """Writes `<model_dir>/README.md` (atomically) and returns its path; `note`, a paragraph
+    under the title (e.g. what a shipped copy is)."""
     model_dir = Path(model_dir)
     config = json.loads((workdir / "config.json").read_text())
     summary_path = workdir / "summary.json"
@@ -219,7 +221,7 @@ parameters, plus a fitted linear map W_out to the teacher's 768 dimensions) with
 a numeric objective separates passages that differ in one number, unit or direction word. It maps
 sentences and paragraphs to a {config.get("model", {}).get("out_dim")}-dimensional dense vector
 space for semantic search over financial text.
-
+{note and chr(10) + note.strip() + chr(10)}
 ## Model Details
 
 ### Model Description
@@ -309,13 +311,14 @@ def main() -> None:
     parser.add_argument("--teacher", default="Teacher")
     parser.add_argument("--workdir", default=None, help="training run (default: model's parent)")
     parser.add_argument("--numgap", default="(recorded in the study)")
+    parser.add_argument("--note", default="", help="a paragraph under the title")
     args = parser.parse_args()
     results = json.loads(Path(args.study).read_text())["results"]
     model = Path(args.model)
     path = write_card(
         model, label=args.label, results=results, teacher=args.teacher,
         starts=[s for s in args.starts.split(",") if s], workdir=Path(args.workdir or model.parent),
-        numgap_path=args.numgap,
+        numgap_path=args.numgap, note=args.note,
     )  # fmt: skip
     print(path)
 

@@ -410,7 +410,8 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
             if label in results and hf.is_dir() and workdir.is_dir():
                 model_card.write_card(
                     hf, label=label, results=results, teacher="Teacher", workdir=workdir,
-                    starts=[s for s in (PLAIN_START, start_label) if s in results],
+                    starts=[s for s in (PLAIN_VERIFY if verify else PLAIN_START, start_label)
+                            if s in results],
                     numgap_path=shown_path(numgap_path),
                 )  # fmt: skip
                 record_file(hf / "README.md", out, record)
