@@ -41,6 +41,16 @@ Variant `late800`: `late` for 800 steps (the pilot of 2026-11-27, 70702d6, chose
 `--preset headline-late800` runs it from the same twins, labelled "Late800";
 `--preset headline-late800-blend` blends each Late800 run with the twin it started from
 (`export --interpolate`, WiSE-FT), the share chosen on NumGap dev, labelled "Blend800".
+Variant `mined` (issue #57): from the twin's export, 800 steps (150 with `verify`) on the
+training passages that get a mined question (`prepare.queries_only`: the mining pipeline's offline
+generator asks about a numeric fact a passage states; FinanceBench's filings excluded as in every
+prepare), LEAF's alignment of x and pi(x) plus the in-batch contrastive term of each question
+against the batch's passages (`loss.contrastive_weight`, weight `MINED_CONTRASTIVE_WEIGHT`,
+temperature 0.05); `prepare.mined_dev` writes the held-out questions the weight is chosen on
+(`--preset headline-mined-pilot[-verify]`). Variant `minednum`: the same data and contrastive term
+with the late numeric recipe in place of LEAF's alignment (neighbour hinge, structure term).
+`--preset headline-mined[num]` runs them from the twins; `--preset headline-verify` runs late,
+mined and minednum from its twin.
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).

@@ -8,6 +8,8 @@
         --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
     python scripts/study.py --preset headline-late --seeds 0,1 --filings ...  # separate late
+    python scripts/study.py --preset headline-mined-pilot-verify --filings ...  # issue #57's choice
+    python scripts/study.py --preset headline-minednum --seeds 0,1 --filings ...  # mined + numeric
 
 Stages (each skips what is done, so rerunning the command continues a killed run): fetch
 all-mpnet-base-v2, prepare (`configs/headline.py`), teacher vectors of x, pi(x) and the training
@@ -15,8 +17,8 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 256 tokens) -> model card. `headline` scores NumGap on the long mpnet study's recorded test set
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
-start, passages and data order). `headline-verify` evaluates its own Teacher and start on its own
-smaller NumGap set. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
+start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain all-MiniLM-L6-v2 on its
+own smaller NumGap set, after the late, mined and mined + numeric phases from its twin. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
 on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
 FinanceBench; the recipe is chosen on dev alone. `headline-soup` blends the headline run with
 its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after the twin
