@@ -17,8 +17,9 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 256 tokens) -> model card. `headline` scores NumGap on the long mpnet study's recorded test set
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
-start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain all-MiniLM-L6-v2 on its
-own smaller NumGap set, after the late, mined and mined + numeric phases from its twin. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
+start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
+all-MiniLM-L6-v2 on its own smaller NumGap set, after the late, mined and mined + numeric phases
+from its twin. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
 on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
 FinanceBench; the recipe is chosen on dev alone. `headline-soup` blends the headline run with
 its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after the twin
