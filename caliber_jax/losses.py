@@ -401,7 +401,7 @@ def contrastive_loss(
     *,
     temperature: float,
 ) -> tuple[jax.Array, jax.Array]:
-    """In-batch contrastive loss (InfoNCE, as in E5/GTE fine-tuning), one value per query.
+    """In-batch contrastive loss (InfoNCE, the usual embedding fine-tuning loss), one per query.
 
     Query i's positive is passage i (`s_p[i]`, the passage its question was mined from); every
     other present passage of the batch is a negative. Per query: -log softmax_i(cos(s q_i, s p_j)
