@@ -276,8 +276,9 @@ numbers, units and direction words should change its vector: e.g. telling "$5 mi
 {retrieval}- NumGap-D measures whether a perturbed passage falls below a topical distractor; it
   does not make the model read or compare numbers, and a query that states no number gains
   nothing from it.
-{near_miss_clause(loss)}- Separation differs by rule and category (the per-category D above and the study's per-rule
-  table): a category or rule with D near 0 is one this model does not tell apart.
+{near_miss_clause(loss)}- Separation differs by rule and category (the per-category D above and the
+  study's per-rule table): a category or rule with D near 0 is one this model does not tell
+  apart.
 - Trained and evaluated on SEC filings at {train_length}-token passages; other domains and
   longer texts are untested. FinanceBench here is 150 questions: differences of ~0.02 nDCG@10
   are within noise (see the study's paired tests).
