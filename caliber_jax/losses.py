@@ -48,6 +48,13 @@ def numeric_hinge(delta_s: jax.Array, delta_t: jax.Array, margin: float) -> jax.
     return jnp.maximum(0.0, delta_t + margin - delta_s)
 
 
+def _unit_rows(x: jax.Array, valid: jax.Array) -> jax.Array:
+    """`[N, D]` rows scaled to unit length in float32; rows not `valid` are zeroed first, so NaN
+    there reaches neither the value nor the gradient (a zero row stays zero)."""
+    x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
+    return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
+
+
 def _weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
     """sum(w * v) / sum(w), or 0 when the weights sum to 0."""
     return jnp.sum(weights * values) / jnp.maximum(jnp.sum(weights), 1e-12)
@@ -378,16 +385,12 @@ def query_geometry_loss(
         raise ValueError(f"q_valid {q_valid.shape} / p_valid {p_valid.shape} do not match")
     q_valid, p_valid = q_valid.astype(bool), p_valid.astype(bool)
 
-    def unit(x: jax.Array, valid: jax.Array) -> jax.Array:
-        x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
-        return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
-
     # The two cosine matrices are nearly equal and their difference is squared: as in
     # `structure_loss`, full float32 whatever `jax.default_matmul_precision` says (TF32 on GPUs,
     # one bfloat16 pass on TPUs would swamp the difference).
     highest = jax.lax.Precision.HIGHEST
-    s_sim = jnp.matmul(unit(s_q, q_valid), unit(s_p, p_valid).T, precision=highest)
-    t_sim = jnp.matmul(unit(t_q, q_valid), unit(t_p, p_valid).T, precision=highest)
+    s_sim = jnp.matmul(_unit_rows(s_q, q_valid), _unit_rows(s_p, p_valid).T, precision=highest)
+    t_sim = jnp.matmul(_unit_rows(t_q, q_valid), _unit_rows(t_p, p_valid).T, precision=highest)
     pairs = (q_valid[:, None] & p_valid[None, :]).astype(jnp.float32)
     squared = jnp.square(s_sim - t_sim) * pairs
     return squared.sum(1) / jnp.maximum(pairs.sum(1), 1.0)
@@ -429,12 +432,8 @@ def contrastive_loss(
     p_valid = p_valid.astype(bool)
     q_valid = q_valid.astype(bool) & p_valid
 
-    def unit(x: jax.Array, valid: jax.Array) -> jax.Array:
-        x = jnp.where(valid[:, None], x.astype(jnp.float32), 0.0)
-        return x / jnp.maximum(safe_norm(x), 1e-12)[:, None]
-
     highest = jax.lax.Precision.HIGHEST
-    sim = jnp.matmul(unit(s_q, q_valid), unit(s_p, p_valid).T, precision=highest)
+    sim = jnp.matmul(_unit_rows(s_q, q_valid), _unit_rows(s_p, p_valid).T, precision=highest)
     # A large finite negative, not -inf, for absent passages: no inf reaches the backward pass.
     logits = jnp.where(p_valid[None, :], sim / temperature, -1e9)
     log_probs = jax.nn.log_softmax(jnp.where(q_valid[:, None], logits, 0.0), axis=-1)

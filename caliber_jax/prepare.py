@@ -135,9 +135,10 @@ def prepare(
     )
     train = [p for p in passages if p["doc_name"] not in heldout]
     heldout_passages = [p for p in passages if p["doc_name"] in heldout]
+    asked: dict[str, str] = {}  # queries_only: the training questions, asked once
     if queries_only:
-        asked = make_queries(train)
-        train = [p for p, q in zip(train, asked, strict=True) if q]
+        asked = {p["id"]: q for p, q in zip(train, make_queries(train), strict=True) if q}
+        train = [p for p in train if p["id"] in asked]
     train = sample(train, max_train_passages, seed=seed)
     # The cap is validation's alone: NumGap draws from every held-out passage (below).
     val = sample(heldout_passages, max_val_passages, seed=seed)
@@ -164,7 +165,8 @@ def prepare(
     if queries:
         # A training question per passage (the query-geometry term, issue #37), from the offline
         # generator of the mining pipeline: the passage's own numeric facts, no FinanceBench.
-        train = [{**p, "query": q} for p, q in zip(train, make_queries(train), strict=True)]
+        questions = [asked[p["id"]] for p in train] if queries_only else make_queries(train)
+        train = [{**p, "query": q} for p, q in zip(train, questions, strict=True)]
         val = [{**p, "query": q} for p, q in zip(val, make_queries(val), strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if mined_dev:
