@@ -29,7 +29,8 @@ at most 3 row counts, gradients and update in one program per row count; the rec
 
 Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
 clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set; with
-`late`, 150 steps (`--preset headline-verify` runs the headline, the twin and late at this size).
+`late`, `mined` or `minednum`, 150 steps (`--preset headline-verify` runs the twin, then mined
+and minednum side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
@@ -49,8 +50,8 @@ against the batch's passages (`loss.contrastive_weight`, weight `MINED_CONTRASTI
 temperature 0.05); `prepare.mined_dev` writes the held-out questions the weight is chosen on
 (`--preset headline-mined-pilot[-verify]`). Variant `minednum`: the same data and contrastive term
 with the late numeric recipe in place of LEAF's alignment (neighbour hinge, structure term).
-`--preset headline-mined[num]` runs them from the twins; `--preset headline-verify` runs late,
-mined and minednum from its twin.
+`--preset headline-mined[num]` runs them from the twins, `--preset headline-beyond` both from
+both twins side by side; `--preset headline-verify` runs both from its twin.
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).

@@ -35,6 +35,9 @@ class Stage:
     name: str
     args: tuple[str, ...]  # after `python`
     after: tuple[str, ...] = ()  # names of the stages that must finish first
+    # Runs with nothing beside it, on every core: a compute-bound stage with no peer to pair
+    # with (one training that all later stages wait for) is faster on all cores than on a share.
+    alone: bool = False
 
 
 def check_graph(stages: Sequence[Stage]) -> None:
@@ -70,6 +73,22 @@ def core_groups(jobs: int) -> list[tuple[int, ...]]:
     return [tuple(cores[i::jobs]) for i in range(jobs)]
 
 
+def startable(ready: Sequence[Stage], running: Sequence[Stage], jobs: int) -> list[Stage]:
+    """The stages of `ready` (in priority order) to start now beside `running`, at most `jobs`
+    at a time: an `alone` stage starts only when nothing runs and then starts alone; nothing
+    starts beside a running `alone` stage, and no stage jumps ahead of a waiting `alone` one."""
+    if any(stage.alone for stage in running):
+        return []
+    chosen: list[Stage] = []
+    for stage in ready:
+        if len(running) + len(chosen) >= jobs:
+            break
+        if stage.alone:
+            return [stage] if not running and not chosen else chosen
+        chosen.append(stage)
+    return chosen
+
+
 def run_stages(
     stages: Sequence[Stage], times: dict[str, float], *, cwd: Path, jobs: int = 1,
     log_dir: Path | None = None, pin_cores: bool = False,
@@ -98,9 +117,9 @@ def run_stages(
     with futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             ready = [s for s in pending if set(s.after) <= done] if failed is None else []
-            for stage in ready[: jobs - len(running)]:
+            for stage in startable(ready, [s for s, _ in running.values()], jobs):
                 pending.remove(stage)
-                cores = free_cores.pop(0) if free_cores else None
+                cores = None if stage.alone else free_cores.pop(0) if free_cores else None
                 where = f", cores {','.join(map(str, cores))}" if cores else ""
                 print(f"== start {stage.name} (log: {log_dir / log_name(stage.name)}{where})",
                       flush=True)  # fmt: skip

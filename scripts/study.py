@@ -65,6 +65,7 @@ PRESETS = {
     "headline-minednum-verify": {"config": "configs/headline.py", "overrides": []},
     "headline-mined-pilot": {"config": "configs/headline.py", "overrides": []},
     "headline-mined-pilot-verify": {"config": "configs/headline.py", "overrides": []},
+    "headline-beyond": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -267,11 +268,13 @@ def main() -> None:
             study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))
             return
         verify = args.preset == "headline-verify"
-        if verify:  # the recipes from the twin at the same size, then the one report
+        if verify or args.preset == "headline-beyond":
+            # The phases from the twin(s), trainings side by side, then the one report.
             study_headline.mpnet_teacher()
-            for variant in study_headline.VERIFY_PHASES:
-                study_headline.run_late(args, run, verify=True, variant=variant)
-        study_headline.run_headline(args, run, verify=verify)
+            study_headline.run_phases(args, run, variants=study_headline.VERIFY_PHASES,
+                                      verify=verify)  # fmt: skip
+        study_headline.run_headline(args, run, verify=verify,
+                                    students=args.preset == "headline")  # fmt: skip
         return
 
     preset = PRESETS[args.preset]

@@ -18,8 +18,8 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
-all-MiniLM-L6-v2 on its own smaller NumGap set, after the late, mined and mined + numeric phases
-from its twin. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
+all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined and mined + numeric phases
+from its twin (side by side, `run_phases`); `headline-beyond` runs those phases at full size. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
 on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
 FinanceBench; the recipe is chosen on dev alone. `headline-soup` blends the headline run with
 its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after the twin
@@ -32,7 +32,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 import model_card  # noqa: E402
 import numgap_rules  # noqa: E402
-from stages import record_file, with_seed_means  # noqa: E402
+from stages import Stage, record_file, run_stages, with_seed_means  # noqa: E402
 
 from caliber_jax import evaluate, provenance  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
@@ -312,7 +312,13 @@ def run_pilots(args, run: RunFn) -> None:
         print(line)
 
 
-def run_headline(args, run: RunFn, *, verify: bool) -> None:
+def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> None:
+    """The headline study's report (`<output>/study.md`, recorded): every scored model of the run
+    folder, the recorded rows (restored) at full size, seed means, paired tests, NumGap-D per
+    rule, wall-clock, model cards. At full size with `students` it first trains and scores the
+    numeric-from-start headline student per seed (`--preset headline`); without, it reports what
+    the phases made (`--preset headline-beyond`). At the verification size it scores the
+    Teacher, plain all-MiniLM-L6-v2 and the fitted start where `run_phases` has not."""
     name = "headline_verify" if verify else "headline"
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
@@ -363,13 +369,15 @@ def run_headline(args, run: RunFn, *, verify: bool) -> None:
                 evaluate_model(start_label, exported(timed, start_label, twin, start_dir,
                                                      "--interpolate=0"))  # fmt: skip
             continue
+        if not students:
+            continue
         label = student_label(seed, verify=verify)
         workdir = trained(timed, out, record, common, label=label, seed=seed)
         evaluate_model(label, exported(timed, label, workdir))
 
     results = {}
     if not verify:
-        for label, directory in RECORDED_ROWS.items():
+        for label, directory in {**RECORDED_ROWS, **LATE800_ROWS}.items():
             results[label] = load_results(directory, restored=True)
     for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
         row = load_results(directory)
@@ -554,15 +562,24 @@ def run_late_blend(args, run: RunFn) -> None:
     add_times(out / "study.json", times)
 
 
-# The phases `--preset headline-verify` runs from each twin: the late numeric recipe, the mined
-# data alone and the mined data with the numeric recipe (issue #57).
-VERIFY_PHASES = ("late", "mined", "minednum")
+# The phases `--preset headline-verify` runs from its twin, and `--preset headline-beyond` from
+# each 2,000-step twin (issue #57): the mined data alone and the mined data with the numeric
+# recipe. The late recipe alone left the verification preset on 2026-11-29 (about 9 of its
+# minutes; Minednum is the late recipe plus the mined data): `--preset headline-late` runs it,
+# and docs/study_mined_verify/ keeps its verification-size rows.
+VERIFY_PHASES = ("mined", "minednum")
+BEYOND_PHASES = VERIFY_PHASES
+# The full-size rows `--preset headline-beyond` compares with that it does not train again: the
+# late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
+LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)
+                for label in ("Late800 lp long s0", "Late800 lp long s1")}  # fmt: skip
+GraphFn = Callable[[list[Stage], dict[str, float]], None]
 
 
 def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
-    """The paired tests that say what each phase adds: the mined data alone against the twin it
-    started from, mined + numeric against the late numeric recipe and against the mined data
-    alone; per seed and for the seed mean."""
+    """The paired tests that say what each phase adds: the mined data alone and mined + numeric
+    against the twin they started from, mined + numeric against the late numeric recipe and
+    against the mined data alone; per seed and for the seed mean."""
     tags = [f"s{seed}" for seed in seeds]
     if len(seeds) > 1:
         tags.append("+".join(tags))
@@ -571,8 +588,8 @@ def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
     pairs = []
     for tag in tags:
         mined, both = f"Mined lp {size} {tag}", f"Minednum lp {size} {tag}"
-        pairs += [(mined, f"Distill lp {size} {tag}"), (both, f"{late} lp {size} {tag}"),
-                  (both, mined)]  # fmt: skip
+        twin = f"Distill lp {size} {tag}"
+        pairs += [(mined, twin), (both, twin), (both, f"{late} lp {size} {tag}"), (both, mined)]
     return pairs
 
 
@@ -733,3 +750,117 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool) -> None:
     record_file(folder / "mined_pilots.md", out, record)
     add_times(out / "study.json", times)
     print(report)
+
+
+def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
+               run_graph: GraphFn | None = None) -> None:  # fmt: skip
+    """Each phase of `variants` from each seed's distilled twin, trained, exported and scored
+    (FinanceBench + the NumGap test set) with the stages that do not wait on each other side by
+    side (`args.jobs` at a time, each pinned to its share of the cores: two one-core trainings
+    do ~1.4x the work of one two-core training, docs/benchmarks_history.md, 2026-11-26). The
+    twins of several seeds train together; a single twin trains alone on every core, as every
+    later stage waits for it. At the verification size the graph also scores the Teacher, plain
+    all-MiniLM-L6-v2 and the fitted start, which the report (`run_headline`) then finds done.
+    Data and teacher vectors are made first, one stage at a time; each stage skips what is done.
+    `run_graph(stages, times)` runs the graph (default `stages.run_stages`)."""
+    name = "headline_verify" if verify else "headline"
+    size = ",verify" if verify else ""
+    out = Path(args.output or f"runs/{name}").resolve()
+    data = out / "data"
+    record = record_dir(args, name)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    times: dict[str, float] = {}
+    prepared(args, run, data, size.replace(",", ":"), times)
+    for folder in dict.fromkeys(phase_data(variant) for variant in variants):
+        first = next(variant for variant in variants if phase_data(variant) == folder)
+        phase_args = stage_args(args, out / folder, f":{first}{size}")
+        phase = folder.removeprefix("data_")
+        if not (out / folder / "stats.json").is_file():
+            run(f"prepare {phase}", ["-m", "caliber_jax.prepare", *phase_args], times)
+        run(f"teacher vectors {phase}", ["-m", "caliber_jax.embed_teacher", *phase_args,
+                                         f"--reuse_from={data}"], times)  # fmt: skip
+    numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
+    test_common = eval_args(args, numgap_path)
+    graph: list[Stage] = []
+    workdirs: list[Path] = []
+    results: list[Path] = []
+
+    def add(stage: str, argv: list[str], after: Sequence[str], *, done: bool,
+            alone: bool = False) -> str:  # fmt: skip
+        if not done:
+            names = {s.name for s in graph}
+            graph.append(Stage(stage, tuple(argv), tuple(a for a in after if a in names), alone))
+        return stage
+
+    def train(label: str, argv: list[str], seed: int, after: Sequence[str] = (),
+              alone: bool = False) -> tuple[str, Path]:  # fmt: skip
+        workdir = out / evaluate.slug(label)
+        workdirs.append(workdir)
+        stage = add(f"train {label}", ["-m", "caliber_jax.train", *argv, f"--config.seed={seed}",
+                                       f"--workdir={workdir}"], after,
+                    done=(workdir / "summary.json").is_file(), alone=alone)  # fmt: skip
+        return stage, workdir
+
+    def export(label: str, workdir: Path, after: str, hf: Path | None = None,
+               *extra: str) -> tuple[str, Path]:  # fmt: skip
+        hf = hf or workdir / "hf"
+        stage = add(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                        f"--output={hf}", *extra], [after],
+                    done=(hf / "modules.json").is_file())  # fmt: skip
+        return stage, hf
+
+    def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
+        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        results.append(path)
+        add(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model}",
+                                  f"--label={label}", *extra, *test_common, f"--output={path}"],
+            after, done=path.is_file())  # fmt: skip
+
+    # Priority is list order: trainings first, so that two of them pair up; scoring fills in.
+    twins = {seed: train(distill_label(seed, verify=verify),
+                         stage_args(args, data, f":distill{size}"), seed,
+                         alone=len(seeds) == 1) for seed in seeds}  # fmt: skip
+    starts = {seed: export(distill_label(seed, verify=verify), workdir, stage)
+              for seed, (stage, workdir) in twins.items()}  # fmt: skip
+    phases = {}
+    for seed in seeds:
+        for variant in variants:
+            label = late_label(seed, verify=verify, variant=variant)
+            stage, hf = starts[seed]
+            argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
+                    f"--config.model.init_dir={hf}"]  # fmt: skip
+            phases[label] = train(label, argv, seed, [stage])
+    exports = {label: export(label, workdir, stage) for label, (stage, workdir) in phases.items()}
+    for seed in seeds:
+        stage, hf = starts[seed]
+        score(distill_label(seed, verify=verify), hf, [stage])
+    for label, (stage, hf) in exports.items():
+        score(label, hf, [stage])
+    if verify:  # the report's references, scored here so they pair with the trainings
+        score("Teacher", mpnet_teacher(), (), "--backend=torch")
+        score(PLAIN_VERIFY, Path(demo.minilm_dir()))
+        seed = seeds[0]
+        start_label = f"Initial lp verify s{seed}"
+        twin_stage, twin = twins[seed]
+        stage, hf = export(
+            start_label,
+            twin,
+            twin_stage,
+            out / evaluate.slug(start_label) / "hf",
+            "--interpolate=0",
+        )
+        score(start_label, hf, [stage])
+    if graph:
+        runner = run_graph or functools.partial(
+            run_stages, cwd=REPO, jobs=getattr(args, "jobs", 1), log_dir=out / "logs",
+            pin_cores=True,
+        )  # fmt: skip
+        runner(graph, times)
+    for workdir in workdirs:
+        for file in ("summary.json", "config.json", "metrics.jsonl"):
+            record_file(workdir / file, out, record)
+    for path in results:
+        record_file(path, out, record)
+    for stage_name, seconds in times.items():
+        print(f"phases: {stage_name}: {seconds:.0f} s")
+    add_times(out / "study.json", times)  # the report's wall-clock table (`run_headline`)

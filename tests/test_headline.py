@@ -434,10 +434,30 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
         assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
 
 
-def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_path, monkeypatch):
-    """`--preset headline-verify` end to end with each stage replaced by what it writes: the
-    twin and late, then the teacher, the headline student and the fitted start (exported at
-    interpolate 0), every one scored on the verify test set and in the one report."""
+class FakeGraph:
+    """Stands in for `stages.run_stages`: checks the graph (`stages.check_graph`), keeps it, and
+    runs its stages in list order through a `FakeStages`."""
+
+    def __init__(self, fake_run: FakeStages):
+        self.fake_run, self.graphs = fake_run, []
+
+    def __call__(self, graph, times):
+        from stages import check_graph
+
+        check_graph(graph)
+        self.graphs.append(graph)
+        for stage in graph:
+            self.fake_run(stage.name, list(stage.args), times)
+
+
+def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
+    tmp_path, monkeypatch
+):
+    """`--preset headline-verify` end to end with each stage replaced by what it writes: data
+    and teacher vectors one at a time; then one graph: the twin alone on every core, the mined
+    and mined + numeric phases from its export (free to pair), every model scored on the verify
+    test set, the teacher, plain MiniLM and the fitted start (exported at interpolate 0) in the
+    same graph; the report finds them done and puts every row in one table."""
     import argparse
 
     import fetch_mpnet
@@ -454,7 +474,7 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
         seconds=1.5,
     )  # fmt: skip
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
-                              financebench="fb.jsonl.gz")  # fmt: skip
+                              financebench="fb.jsonl.gz", jobs=2)  # fmt: skip
     monkeypatch.setattr(study_headline.demo, "minilm_dir", lambda: str(tmp_path / "minilm"))
     paired = {}
     real_seed_means = study_headline.with_seed_means
@@ -464,44 +484,112 @@ def test_headline_verify_runs_late_then_the_headline_and_reports_every_row(tmp_p
         return real_seed_means(results, against, pairs)
 
     monkeypatch.setattr(study_headline, "with_seed_means", seed_means)
-    for variant in study_headline.VERIFY_PHASES:
-        study_headline.run_late(args, fake_run, verify=True, variant=variant)
+    fake_graph = FakeGraph(fake_run)
+    study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
+                              run_graph=fake_graph)  # fmt: skip
+    assert fake_run.stages[:4] == ["prepare", "teacher vectors", "prepare mined",
+                                   "teacher vectors mined"]  # fmt: skip
+    (graph,) = fake_graph.graphs
+    by_name = {stage.name: stage for stage in graph}
+    assert [stage.name for stage in graph] == [
+        "train Distill lp verify s0", "export Distill lp verify s0", "train Mined lp verify s0",
+        "train Minednum lp verify s0", "export Mined lp verify s0",
+        "export Minednum lp verify s0", "evaluate Distill lp verify s0",
+        "evaluate Mined lp verify s0", "evaluate Minednum lp verify s0", "evaluate Teacher",
+        "evaluate Plain MiniLM", "export Initial lp verify s0", "evaluate Initial lp verify s0",
+    ]  # fmt: skip
+    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
+    for phase in ("Mined", "Minednum"):  # both wait for the twin's export only: they can pair
+        assert by_name[f"train {phase} lp verify s0"].after == ("export Distill lp verify s0",)
+    assert by_name["evaluate Teacher"].after == ()
     study_headline.run_headline(args, fake_run, verify=True)
+    graph_stages = [stage.name for stage in graph]
+    after_graph = fake_run.stages[4 + len(graph_stages) :]
+    assert not [s for s in after_graph if s.startswith(("train", "export", "evaluate"))]
     for stage, argv in fake_run.calls:
         if "caliber_jax.export" in argv:
             assert ("--interpolate=0" in argv) == ("Initial" in stage), stage
         if "caliber_jax.evaluate" in argv:
             assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv, stage
-    assert [s for s in fake_run.stages if s.startswith(("train", "export", "evaluate"))] == [
-        "train Distill lp verify s0", "export Distill lp verify s0",
-        "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
-        "evaluate Late lp verify s0", "train Mined lp verify s0", "export Mined lp verify s0",
-        "evaluate Mined lp verify s0", "train Minednum lp verify s0",
-        "export Minednum lp verify s0", "evaluate Minednum lp verify s0", "evaluate Teacher",
-        "evaluate Plain MiniLM", "export Initial lp verify s0", "evaluate Initial lp verify s0",
-    ]  # fmt: skip
     argv = fake_run.argv()
     assert f"--model={tmp_path / 'minilm'}" in argv["evaluate Plain MiniLM"]
-    assert "--interpolate=0" in argv["export Initial lp verify s0"]
+    assert "--backend=torch" in argv["evaluate Teacher"]
     assert f"--workdir={out / 'Distill_lp_verify_s0'}" in argv["export Initial lp verify s0"]
-    for phase in ("Mined", "Minednum"):
-        assert f"--config.data.dir={out / 'data_mined'}" in argv[f"train {phase} lp verify s0"]
+    start = out / "Distill_lp_verify_s0" / "hf"
+    for phase, variant in (("Mined", "mined"), ("Minednum", "minednum")):
+        train = argv[f"train {phase} lp verify s0"]
+        assert f"--config.data.dir={out / 'data_mined'}" in train
+        assert f"--config.model.init_dir={start}" in train
+        assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
     report = (out / "study.md").read_text()
     for label in ("Teacher", "Plain MiniLM", "Initial lp verify s0", "Distill lp verify s0",
-                  "Late lp verify s0", "Mined lp verify s0", "Minednum lp verify s0"):  # fmt: skip
+                  "Mined lp verify s0", "Minednum lp verify s0"):  # fmt: skip
         assert f"| {label} |" in report, label
+    assert "Late lp verify" not in report
     # What each phase adds, and every trained model against plain MiniLM.
     assert paired["against"] == "Plain MiniLM"
-    assert paired["pairs"] == [("Mined lp verify s0", "Distill lp verify s0"),
-                               ("Minednum lp verify s0", "Late lp verify s0"),
-                               ("Minednum lp verify s0", "Mined lp verify s0")]  # fmt: skip
+    assert paired["pairs"][:2] == [("Mined lp verify s0", "Distill lp verify s0"),
+                                   ("Minednum lp verify s0", "Distill lp verify s0")]  # fmt: skip
     assert ("Minednum lp verify s0+s1", "Late lp verify s0+s1") in study_headline.phase_pairs(
         [0, 1], verify=True
     )
-    # The wall-clock table counts the phases' stages too (each faked at 1.5 s).
-    for stage in ("prepare late", "train Distill lp verify s0", "train Late lp verify s0"):
+    # The wall-clock table counts the graph's stages too (each faked at 1.5 s).
+    for stage in ("prepare mined", "train Distill lp verify s0", "train Minednum lp verify s0"):
         assert f"| {stage} | 2 |" in report, stage
-    assert "| teacher vectors | 6 |" in report  # once per phase and once in the report half
+    # A rerun finds everything done: no graph.
+    study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
+                              run_graph=fake_graph)  # fmt: skip
+    assert len(fake_graph.graphs) == 1
+
+
+def test_beyond_pairs_the_twins_then_the_phases_and_reports_against_late800(tmp_path, monkeypatch):
+    """`--preset headline-beyond --seeds 0,1` (full size): the two twins train side by side
+    (neither alone), each seed's phases start from its own twin's export, the twins are scored
+    too (what the mined data buys is measured against them), and the report pairs Minednum with
+    the recorded Late800 rows (restored) without training the numeric-from-start student."""
+    import argparse
+
+    import fetch_mpnet
+    import study_headline
+
+    out = tmp_path / "headline"
+    monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
+    fake_run = FakeStages(
+        lambda flag: {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
+                      "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 500}},
+                      "provenance": {"commit": "new1234", "restored": False}},
+        config=headline.get_config("minednum").to_json_best_effort(),
+        summary=json.dumps({"step": 800}),
+    )  # fmt: skip
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="",
+                              seeds="0,1", financebench="fb.jsonl.gz", jobs=2)  # fmt: skip
+    fake_graph = FakeGraph(fake_run)
+    study_headline.run_phases(args, fake_run, variants=study_headline.BEYOND_PHASES,
+                              verify=False, run_graph=fake_graph)  # fmt: skip
+    (graph,) = fake_graph.graphs
+    by_name = {stage.name: stage for stage in graph}
+    assert [s.name for s in graph[:2]] == ["train Distill lp long s0", "train Distill lp long s1"]
+    assert not any(stage.alone for stage in graph)
+    for seed in (0, 1):
+        for phase in ("Mined", "Minednum"):
+            stage = by_name[f"train {phase} lp long s{seed}"]
+            assert stage.after == (f"export Distill lp long s{seed}",)
+            assert f"--config.model.init_dir={out / f'Distill_lp_long_s{seed}' / 'hf'}" in (
+                stage.args
+            )
+        assert f"evaluate Distill lp long s{seed}" in by_name
+    assert "evaluate Teacher" not in by_name
+    assert "study_mpnet_long/data/numgap_test.jsonl" in " ".join(
+        by_name["evaluate Minednum lp long s1"].args
+    )
+    study_headline.run_headline(args, fake_run, verify=False, students=False)
+    assert not [s for s in fake_run.stages if s.startswith("train Headline")]
+    report = (out / "study.md").read_text()
+    assert "| Late800 lp long s0+s1 (restored @" in report
+    assert "| Minednum lp long s0+s1 |" in report and "| Distill lp long s0+s1 |" in report
+    pairs = study_headline.phase_pairs([0, 1], verify=False)
+    assert ("Minednum lp long s0+s1", "Late800 lp long s0+s1") in pairs
+    assert ("Mined lp long s0+s1", "Distill lp long s0+s1") in pairs
 
 
 def test_verify_and_long_step_counts_of_the_twin_and_late():

@@ -20,6 +20,7 @@ from stages import (  # noqa: E402
     record_file,
     restore_result,
     run_stages,
+    startable,
     summary,
 )
 
@@ -103,6 +104,31 @@ def test_pinned_stages_side_by_side_get_disjoint_shares_of_the_cores(tmp_path):
     assert {tuple(seen["a"]), tuple(seen["b"])} == set(groups)
     assert tuple(seen["c"]) in groups
     assert core_groups(1) == [] and core_groups(len(parent) + 1) == []
+
+
+def test_an_alone_stage_waits_for_the_running_ones_then_runs_by_itself():
+    a, b, c = Stage("a", ()), Stage("b", ()), Stage("c", ())
+    solo = Stage("solo", (), alone=True)
+    assert startable([a, b, c], [], 2) == [a, b]
+    assert startable([solo, a], [], 2) == [solo]  # nothing beside it
+    assert startable([a, solo, b], [], 2) == [a]  # b does not jump ahead of the waiting solo
+    assert startable([solo, a], [b], 2) == []  # solo waits for b; a waits behind solo
+    assert startable([a, b], [solo], 2) == []
+    assert startable([b], [a], 2) == [b] and startable([b], [a], 1) == []
+
+
+def test_an_alone_stage_gets_every_core_while_the_others_are_pinned(tmp_path):
+    parent = sorted(os.sched_getaffinity(0))
+    code = "import os, sys; open(sys.argv[1], 'w').write(repr(sorted(os.sched_getaffinity(0))))"
+    stages = [
+        Stage("solo", ("-c", code, str(tmp_path / "solo")), alone=True),
+        *(Stage(name, ("-c", code, str(tmp_path / name)), ("solo",)) for name in "ab"),
+    ]
+    run_stages(stages, {}, cwd=tmp_path, jobs=2, log_dir=tmp_path / "logs", pin_cores=True)
+    seen = {name: eval((tmp_path / name).read_text()) for name in ("solo", "a", "b")}
+    assert seen["solo"] == parent
+    if len(parent) >= 2:
+        assert {tuple(seen["a"]), tuple(seen["b"])} == set(core_groups(2))
 
 
 def test_a_failed_stage_stops_its_dependents_and_raises(tmp_path, capsys):
