@@ -18,14 +18,14 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
-all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined and mined + numeric phases
-from its twin (side by side, `run_phases`); `headline-beyond` runs those phases at full size. `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps
-on the headline's data (same start, passages and order) and scores it on NumGap *dev* and
-FinanceBench; the recipe is chosen on dev alone. `headline-soup` blends the headline run with
-its distilled twin (`run_soup`); `headline-late` runs the numeric recipe after the twin
-(`run_late`). Finished evaluations and the report go to
-`--record` (default docs/study_headline[_verify]/), since run folders do not outlive their
-machine.
+all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined and mined + numeric phases from its
+twin (side by side, `run_phases`); `headline-beyond` runs those phases at full size.
+`headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps on the headline's data
+(same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
+chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
+`headline-late` runs the numeric recipe after the twin (`run_late`). Finished evaluations and the
+report go to `--record` (default docs/study_headline[_verify]/), since run folders do not outlive
+their machine.
 """
 
 import functools
