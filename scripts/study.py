@@ -257,15 +257,14 @@ def main() -> None:
         if args.preset in ("headline-mined-pilot", "headline-mined-pilot-verify"):
             study_headline.run_mined_pilots(args, run, verify=args.preset.endswith("verify"))
             return
-        if args.preset.startswith(("headline-mined-", "headline-minednum")) or (
-            args.preset == "headline-mined"
-        ):
+        if args.preset.startswith(("headline-mined-", "headline-minednum")) or args.preset in (
+            "headline-mined",
+            "headline-late",
+            "headline-late800",
+        ):  # one phase from the twin(s)
             variant = args.preset.removeprefix("headline-").removesuffix("-verify")
-            study_headline.run_late(args, run, variant=variant,
-                                    verify=args.preset.endswith("-verify"))  # fmt: skip
-            return
-        if args.preset in ("headline-late", "headline-late800"):
-            study_headline.run_late(args, run, variant=args.preset.removeprefix("headline-"))
+            study_headline.run_phases(args, run, variants=(variant,),
+                                      verify=args.preset.endswith("-verify"))  # fmt: skip
             return
         verify = args.preset == "headline-verify"
         if verify or args.preset == "headline-beyond":

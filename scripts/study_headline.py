@@ -23,7 +23,7 @@ twin (side by side, `run_phases`); `headline-beyond` runs those phases at full s
 `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps on the headline's data
 (same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
 chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
-`headline-late` runs the numeric recipe after the twin (`run_late`). Finished evaluations and the
+`headline-late` runs the numeric recipe after the twin (`run_phases`). Finished evaluations and the
 report go to `--record` (default docs/study_headline[_verify]/), since run folders do not outlive
 their machine.
 """
@@ -359,7 +359,7 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
 
     for seed in seeds:
         if verify:
-            # The verification size trains the recipes from the twin (`run_late`), not the
+            # The verification size trains the recipes from the twin (`run_phases`), not the
             # numeric recipe from the start; the fitted start (MiniLM + least-squares W_out) is
             # the first twin's step-0 weights.
             if seed == seeds[0]:
@@ -599,61 +599,6 @@ def phase_data(variant: str) -> str:
     return "data_mined" if variant.startswith("mined") else "data_late"
 
 
-def run_late(args, run: RunFn, *, verify: bool = False, variant: str = "late") -> None:
-    """Separate late, per seed: the distilled twin (`configs/headline.py:distill`, 2,000 steps
-    of LEAF on the headline data, the run `headline-soup` blends with), exported; then
-    `configs/headline.py:late` from its weights (400 steps of the numeric recipe on the
-    quantity-scope, polarity-weighted data, prepared beside the headline's with its teacher
-    vectors reused), exported and scored like the headline students (FinanceBench + the recorded
-    NumGap test set) into the headline's results, so `--preset headline` reports it.
-    `verify`: the same at the verification size (`:verify`: 300 distillation steps, then 150 of
-    the numeric recipe, chosen on the verify dev set), in the verify run's folder and on its own
-    test set, twin scored too; `--preset headline-verify` runs it before its report. `variant`:
-    the config variant of the late phase ("late800": 800 steps, same data and twins)."""
-    name = "headline_verify" if verify else "headline"
-    size = ",verify" if verify else ""
-    out = Path(args.output or f"runs/{name}").resolve()
-    data, late_data = out / "data", out / phase_data(variant)
-    record = record_dir(args, name)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    times: dict[str, float] = {}
-    prepared(args, run, data, size.replace(",", ":"), times)
-    late_args = stage_args(args, late_data, f":{variant}{size}")
-    phase = phase_data(variant).removeprefix("data_")
-    if not (late_data / "stats.json").is_file():
-        run(f"prepare {phase}", ["-m", "caliber_jax.prepare", *late_args], times)
-    run(f"teacher vectors {phase}", ["-m", "caliber_jax.embed_teacher", *late_args,
-                                     f"--reuse_from={data}"], times)  # fmt: skip
-    numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
-    test_common = eval_args(args, numgap_path)
-
-    def stage(name: str, argv: list[str]) -> None:
-        run(name, argv, times)
-
-    def scored(label: str, hf: Path) -> None:
-        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        if not path.is_file():
-            stage(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
-                                        f"--label={label}", *test_common,
-                                        f"--output={path}"])  # fmt: skip
-        record_file(path, out, record)
-
-    for seed in seeds:
-        twin = distill_label(seed, verify=verify)
-        distill = trained(stage, out, record, stage_args(args, data, f":distill{size}"),
-                          label=twin, seed=seed)  # fmt: skip
-        start = exported(stage, twin, distill)
-        if verify:
-            scored(twin, start)
-        label = late_label(seed, verify=verify, variant=variant)
-        workdir = trained(stage, out, record, [*late_args, f"--config.model.init_dir={start}"],
-                          label=label, seed=seed)  # fmt: skip
-        scored(label, exported(stage, label, workdir))
-    for stage_name, seconds in times.items():
-        print(f"late: {stage_name}: {seconds:.0f} s")
-    add_times(out / "study.json", times)  # the report's wall-clock table (`run_headline`)
-
-
 # `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
 # the seed-0 twin for the phase's steps, scored on the dev sets alone: the mined dev set
 # (`prepare.mined_dev`: generated questions of held-out filings, FinanceBench's format) and NumGap
@@ -754,14 +699,18 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool) -> None:
 
 def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                run_graph: GraphFn | None = None) -> None:  # fmt: skip
-    """Each phase of `variants` from each seed's distilled twin, trained, exported and scored
-    (FinanceBench + the NumGap test set) with the stages that do not wait on each other side by
-    side (`args.jobs` at a time, each pinned to its share of the cores: two one-core trainings
-    do ~1.4x the work of one two-core training, docs/benchmarks_history.md, 2026-11-26). The
-    twins of several seeds train together; a single twin trains alone on every core, as every
-    later stage waits for it. At the verification size the graph also scores the Teacher, plain
+    """Each phase of `variants` (`late`, `late800`, `mined`, `minednum`: a
+    `configs/headline.py` variant started from the twin's export) from each seed's distilled
+    twin (`:distill`, the run `headline-soup` blends with), trained, exported and scored
+    (FinanceBench + the NumGap test set), with the stages that do not wait on each other side
+    by side (`args.jobs` at a time, each pinned to its share of the cores: two one-core
+    trainings did ~1.4x the work of one two-core training, docs/benchmarks_history.md,
+    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twins of
+    several seeds train together; a single twin trains alone on every core, as every later
+    stage waits for it. At the verification size the graph also scores the Teacher, plain
     all-MiniLM-L6-v2 and the fitted start, which the report (`run_headline`) then finds done.
-    Data and teacher vectors are made first, one stage at a time; each stage skips what is done.
+    Data and teacher vectors come first, one stage at a time (a phase's data reuses the twin
+    data's teacher vectors where passages repeat); each stage skips what is done.
     `run_graph(stages, times)` runs the graph (default `stages.run_stages`)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""

@@ -369,71 +369,6 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
     ]
 
 
-def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
-    """`--preset headline-late` with each stage replaced by what it writes: the late data is
-    prepared once with the teacher vectors of the headline data reused, the distilled twin
-    trains and is exported, the late run starts from that export with `:late`, and its export
-    is scored on the recorded test set into the headline's results; a rerun repeats nothing."""
-    import argparse
-
-    import study_headline
-
-    out = tmp_path / "headline"
-    (out / "data").mkdir(parents=True)
-    (out / "data" / "stats.json").write_text("{}")
-    fake_run = FakeStages()
-    calls = fake_run.calls
-    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
-                              financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_late(args, fake_run)
-    argv = dict(calls)
-    assert [stage for stage, _ in calls] == [
-        "teacher vectors", "prepare late", "teacher vectors late", "train Distill lp long s0",
-        "export Distill lp long s0", "train Late lp long s0", "export Late lp long s0",
-        "evaluate Late lp long s0",
-    ]  # fmt: skip
-    assert f"--reuse_from={out / 'data'}" in argv["teacher vectors late"]
-    assert any(a.endswith("configs/headline.py:late") for a in argv["train Late lp long s0"])
-    assert f"--config.data.dir={out / 'data_late'}" in argv["train Late lp long s0"]
-    start = out / "Distill_lp_long_s0" / "hf"
-    assert f"--config.model.init_dir={start}" in argv["train Late lp long s0"]
-    assert "study_mpnet_long/data/numgap_test.jsonl" in " ".join(argv["evaluate Late lp long s0"])
-    assert (out / "results" / "Late_lp_long_s0" / "financebench+numgap.json").is_file()
-    calls.clear()
-    study_headline.run_late(args, fake_run)
-    assert [stage for stage, _ in calls] == ["teacher vectors", "teacher vectors late"]
-
-
-def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_path):
-    """`run_late(verify=True)` (`--preset headline-verify` runs it before its report): the same
-    stages at `:verify` size in the verify run's folder, the twin scored as well, every model on
-    the verify data's own NumGap test set."""
-    import argparse
-
-    import study_headline
-
-    out = tmp_path / "headline_verify"
-    fake_run = FakeStages()
-    calls = fake_run.calls
-    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
-                              financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_late(args, fake_run, verify=True)
-    argv = dict(calls)
-    assert [stage for stage, _ in calls] == [
-        "prepare", "teacher vectors", "prepare late", "teacher vectors late",
-        "train Distill lp verify s0", "export Distill lp verify s0",
-        "evaluate Distill lp verify s0", "train Late lp verify s0", "export Late lp verify s0",
-        "evaluate Late lp verify s0",
-    ]  # fmt: skip
-    assert any(a.endswith("configs/headline.py:verify") for a in argv["prepare"])
-    assert any(a.endswith(":distill,verify") for a in argv["train Distill lp verify s0"])
-    assert any(a.endswith(":late,verify") for a in argv["train Late lp verify s0"])
-    start = out / "Distill_lp_verify_s0" / "hf"
-    assert f"--config.model.init_dir={start}" in argv["train Late lp verify s0"]
-    for label in ("Distill lp verify s0", "Late lp verify s0"):
-        assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
-
-
 class FakeGraph:
     """Stands in for `stages.run_stages`: checks the graph (`stages.check_graph`), keeps it, and
     runs its stages in list order through a `FakeStages`."""
@@ -448,6 +383,78 @@ class FakeGraph:
         self.graphs.append(graph)
         for stage in graph:
             self.fake_run(stage.name, list(stage.args), times)
+
+
+def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
+    """`--preset headline-late` with each stage replaced by what it writes: the late data is
+    prepared once with the teacher vectors of the headline data reused, the distilled twin
+    trains alone and is exported, the late run starts from that export with `:late`, and both are
+    scored on the recorded test set into the headline's results; a rerun repeats nothing."""
+    import argparse
+
+    import study_headline
+
+    out = tmp_path / "headline"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "stats.json").write_text("{}")
+    fake_run = FakeStages()
+    fake_graph = FakeGraph(fake_run)
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_phases(args, fake_run, variants=("late",), verify=False,
+                              run_graph=fake_graph)  # fmt: skip
+    argv = fake_run.argv()
+    assert fake_run.stages == [
+        "teacher vectors", "prepare late", "teacher vectors late", "train Distill lp long s0",
+        "export Distill lp long s0", "train Late lp long s0", "export Late lp long s0",
+        "evaluate Distill lp long s0", "evaluate Late lp long s0",
+    ]  # fmt: skip
+    (graph,) = fake_graph.graphs
+    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp long s0"]
+    assert f"--reuse_from={out / 'data'}" in argv["teacher vectors late"]
+    assert any(a.endswith("configs/headline.py:late") for a in argv["train Late lp long s0"])
+    assert f"--config.data.dir={out / 'data_late'}" in argv["train Late lp long s0"]
+    start = out / "Distill_lp_long_s0" / "hf"
+    assert f"--config.model.init_dir={start}" in argv["train Late lp long s0"]
+    assert "study_mpnet_long/data/numgap_test.jsonl" in " ".join(argv["evaluate Late lp long s0"])
+    assert (out / "results" / "Late_lp_long_s0" / "financebench+numgap.json").is_file()
+    fake_run.calls.clear()
+    study_headline.run_phases(args, fake_run, variants=("late",), verify=False,
+                              run_graph=fake_graph)  # fmt: skip
+    assert fake_run.stages == ["teacher vectors", "teacher vectors late"]
+    assert len(fake_graph.graphs) == 1
+
+
+def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_path, monkeypatch):
+    """The late phase at the verification size (`run_phases(verify=True)`): the same stages
+    at `:verify` size in the verify run's folder, every model on the verify data's own NumGap
+    test set, the report's references (Teacher, plain MiniLM, the fitted start) scored too."""
+    import argparse
+
+    import fetch_mpnet
+    import study_headline
+
+    out = tmp_path / "headline_verify"
+    monkeypatch.setattr(fetch_mpnet, "fetch", lambda *a, **k: tmp_path / "mpnet")
+    monkeypatch.setattr(study_headline.demo, "minilm_dir", lambda: str(tmp_path / "minilm"))
+    fake_run = FakeStages()
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
+                              financebench="fb.jsonl.gz")  # fmt: skip
+    study_headline.run_phases(args, fake_run, variants=("late",), verify=True,
+                              run_graph=FakeGraph(fake_run))  # fmt: skip
+    argv = fake_run.argv()
+    assert fake_run.stages[:7] == [
+        "prepare", "teacher vectors", "prepare late", "teacher vectors late",
+        "train Distill lp verify s0", "export Distill lp verify s0", "train Late lp verify s0",
+    ]  # fmt: skip
+    assert any(a.endswith("configs/headline.py:verify") for a in argv["prepare"])
+    assert any(a.endswith(":distill,verify") for a in argv["train Distill lp verify s0"])
+    assert any(a.endswith(":late,verify") for a in argv["train Late lp verify s0"])
+    start = out / "Distill_lp_verify_s0" / "hf"
+    assert f"--config.model.init_dir={start}" in argv["train Late lp verify s0"]
+    for label in ("Distill lp verify s0", "Late lp verify s0", "Teacher", "Plain MiniLM",
+                  "Initial lp verify s0"):  # fmt: skip
+        assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
 
 
 def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
@@ -624,12 +631,12 @@ def test_late800_is_late_for_800_steps_labelled_apart(tmp_path):
     (twin / "hf").mkdir(parents=True)
     (twin / "summary.json").write_text("{}")
     (twin / "hf" / "modules.json").write_text("[]")
-    calls: list[tuple[str, list[str]]] = []
+    fake_run = FakeStages()
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_late(args, lambda stage, argv, times: calls.append((stage, argv)),
-                            variant="late800")  # fmt: skip
-    stages = dict(calls)
+    study_headline.run_phases(args, fake_run, variants=("late800",), verify=False,
+                              run_graph=FakeGraph(fake_run))  # fmt: skip
+    stages = fake_run.argv()
     assert "train Distill lp long s0" not in stages  # the same twins as `late`
     assert any(a.endswith("configs/headline.py:late800")
                for a in stages["train Late800 lp long s0"])  # fmt: skip
