@@ -569,6 +569,7 @@ def run_late_blend(args, run: RunFn) -> None:
 # and docs/study_mined_verify/ keeps its verification-size rows.
 VERIFY_PHASES = ("mined", "minednum")
 BEYOND_PHASES = VERIFY_PHASES
+BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`
 # The full-size rows `--preset headline-beyond` compares with that it does not train again: the
 # late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
 LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)
