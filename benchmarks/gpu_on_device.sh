@@ -26,6 +26,11 @@
 # cache, same machine) and worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs
 # picks Inductor's GEMM autotuning instead of CUDA graphs (minutes more of compile).
 #
+# cuDNN attention on packed rows (`model.attention = "cudnn"`, never run on a GPU yet): with time
+# left, `python -m pytest -q tests/models/test_attention_gpu.py` (its packed test against XLA's
+# masked attention, forward and gradients), then the epoch again with
+# TRAIN_FLAGS=--config.model.attention=cudnn.
+#
 # CPU rehearsal (tests/test_device_report.py): CALIBER_DEVICE_REHEARSAL=1 PYTHON=.venv/bin/python
 # FILINGS=data/sample/filings.jsonl.gz bash benchmarks/gpu_on_device.sh: the same parts with a
 # toy two-layer Qwen3, no wheels installed, torch.compile through aot_eager.

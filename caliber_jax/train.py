@@ -452,10 +452,10 @@ def _train(
 
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
-    if config.model.attention == "cudnn":
+    if config.model.attention == "cudnn" and jax.default_backend() != "gpu":
         raise ValueError(
-            "config.model.attention='cudnn': training runs on packed rows, which need 'xla' "
-            "(layers.attention's cuDNN call takes right-padded rows; docs/training_path.md)"
+            f"config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this run's "
+            f"backend is {jax.default_backend()!r}: use 'xla'"
         )
     graphdef, params, abstract, init_fn = make_model_state(
         config, spec, flat, mesh=mesh, optimizer=optimizer, scan_layers=path.scan_layers

@@ -117,8 +117,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.w_out_fit_rows = 4096
     config.model.w_out_ridge = 1e-4
     # Per-layer rematerialisation: "none", "full" (recompute each layer) or "dots" (keep matmul
-    # outputs); attention: "xla" (training's packed rows need it) or "cudnn" (GPU, bf16,
-    # right-padded batches: the encoders' and the teacher's, not training). "dots" because
+    # outputs); attention: "xla" or "cudnn" (GPU, bf16: cuDNN's fused attention, on packed rows
+    # through sequence offsets, not yet run on a GPU: docs/training_path.md). "dots" because
     # of the epoch's 512-token batches: XLA:CPU's buffer assignment of this step (batch 32 x 512
     # + 16 pi(x) rows, layers scanned) is 6.7 GiB of state + 39.7 GiB of temporaries with it,
     # + 145 GiB with "none" (beyond an 80 GB GPU: "xla" attention keeps every layer's [B, N, T, T]

@@ -318,6 +318,12 @@ def test_input_errors_are_one_line(data_dir, tmp_path):
     assert typo.stderr.strip().splitlines()[-1].startswith("error: flag --config.optim.lr=fast")
     shown = train(tmp_path / "nowhere", tmp_path / "run", "--traceback")
     assert shown.returncode != 0 and "Traceback" in shown.stderr
+    cudnn = train(data_dir, tmp_path / "cudnn", "--config.model.attention=cudnn")
+    assert cudnn.returncode == 2 and "Traceback" not in cudnn.stderr
+    assert cudnn.stderr.strip().splitlines()[-1] == (
+        "error: config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this "
+        "run's backend is 'cpu': use 'xla'"
+    )
 
 
 def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(

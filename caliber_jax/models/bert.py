@@ -181,6 +181,7 @@ class BertEncoder(nnx.Module):
     ):
         self.config = config
         self.scan_layers = scan_layers
+        self.attention = attention
         self.embeddings = BertEmbeddings(config, dtype=dtype, rngs=rngs)
         self.layer = nnx.List(
             [
@@ -206,7 +207,11 @@ class BertEncoder(nnx.Module):
                 f"{self.config.max_position_embeddings}"
             )
         mask, positions_bt = layers.packed_or_padded(
-            attention_mask_bt, segment_ids_bt, positions_bt, default_positions_fn=_arange_positions
+            attention_mask_bt,
+            segment_ids_bt,
+            positions_bt,
+            default_positions_fn=_arange_positions,
+            implementation=self.attention,
         )
         apply = layers.remat_layer(layers.call_layer, self.remat)
         x_btd = self.embeddings(layers.mask_ids(input_ids_bt, attention_mask_bt), positions_bt)

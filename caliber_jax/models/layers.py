@@ -5,6 +5,7 @@ Norms, softmax and pooling run in float32 whatever the compute dtype.
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,20 +85,55 @@ def segment_mask(segment_ids_bt: jax.Array) -> jax.Array:
     return segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
 
 
+class PackedSegments(NamedTuple):
+    """Packed rows as cuDNN's fused attention reads them: per row, the length and the start of
+    each run of equal segment ids ([B, M] and [B, M + 1], -1 past the row's runs; M static)."""
+
+    seqlens_bm: jax.Array
+    offsets_bm: jax.Array
+
+
+def packed_segments(segment_ids_bt: jax.Array, *, max_segments: int) -> PackedSegments:
+    """The runs of equal ids in each row of `segment_ids_bt` ([B, T]): every packed sequence,
+    and the padding after them, is one run (the `segment_mask` semantics: a token attends to the
+    tokens of its own run). `max_segments` (M) must be at least the most runs a row has; M = T
+    always is. Pure jnp, any backend."""
+    b, t = segment_ids_bt.shape
+    first_bt = jnp.concatenate(
+        [jnp.ones((b, 1), bool), segment_ids_bt[:, 1:] != segment_ids_bt[:, :-1]], axis=1
+    )
+    # Run starts in order, then T: [B, M + 1]; a run's length is the next start minus its own.
+    starts = jax.vmap(lambda row: jnp.nonzero(row, size=max_segments + 1, fill_value=t)[0])(
+        first_bt
+    ).astype(jnp.int32)
+    lengths = starts[:, 1:] - starts[:, :-1]
+    real = starts < t
+    return PackedSegments(
+        seqlens_bm=jnp.where(real[:, :-1], lengths, -1), offsets_bm=jnp.where(real, starts, -1)
+    )
+
+
 def packed_or_padded(
     attention_mask_bt: jax.Array,
     segment_ids_bt: jax.Array | None,
     positions_bt: jax.Array | None,
     *,
     default_positions_fn: Callable[[jax.Array], jax.Array],
-) -> tuple[jax.Array, jax.Array]:
+    implementation: str = "xla",
+) -> tuple[jax.Array | PackedSegments, jax.Array]:
     """The attention mask and position ids of an encoder's input rows.
 
-    Packed rows (`segment_ids_bt` given) attend within their segment (`segment_mask`, [B, T, T]);
-    padded rows use the [B, T] key mask. Positions not given come from
-    `default_positions_fn(attention_mask_bt)` (each encoder's own convention).
+    Packed rows (`segment_ids_bt` given) attend within their segment: a [B, T, T] mask
+    (`segment_mask`), or for `implementation` "cudnn" the segments' lengths and offsets
+    (`packed_segments`, M = T); padded rows use the [B, T] key mask. Positions not given come
+    from `default_positions_fn(attention_mask_bt)` (each encoder's own convention).
     """
-    mask = attention_mask_bt if segment_ids_bt is None else segment_mask(segment_ids_bt)
+    if segment_ids_bt is None:
+        mask = attention_mask_bt
+    elif implementation == "cudnn":
+        mask = packed_segments(segment_ids_bt, max_segments=segment_ids_bt.shape[1])
+    else:
+        mask = segment_mask(segment_ids_bt)
     if positions_bt is None:
         positions_bt = default_positions_fn(attention_mask_bt)
     return mask, positions_bt
@@ -121,7 +157,8 @@ def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax
 
 
 # "xla": a boolean key mask, any padding, any backend. "cudnn": cuDNN's fused flash kernel (GPU,
-# bfloat16/float16) given per-row sequence lengths, so right-padded batches only (as ours are).
+# bfloat16/float16) given per-row sequence lengths (right-padded rows) or per-segment lengths and
+# offsets (packed rows, `PackedSegments`).
 ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
 
 
@@ -137,12 +174,14 @@ def attention(
 ) -> jax.Array:
     """Scaled dot-product attention over non-pad keys; grouped-query when K < N.
 
-    `attention_mask_bs` is a [B, S] key mask, or a [B, T, S] mask (`segment_mask`, packed rows;
-    "xla" only). `bias_nts` is an additive float32 bias on the scaled logits, one [T, S] table per
-    query head (MPNet's relative-position bias; "xla" only). "cudnn" goes through
-    `jax.nn.dot_product_attention`, which keeps the softmax in float32, and reads the mask as
-    right padding (`query_seq_lengths`/`key_value_seq_lengths` =
-    its row sums); padded query rows then come back as zeros, which pooling ignores.
+    `attention_mask_bs` is a [B, S] key mask, a [B, T, S] mask (`segment_mask`, packed rows;
+    "xla"), or `PackedSegments` (packed rows; "cudnn"). `bias_nts` is an additive float32 bias on
+    the scaled logits, one [T, S] table per query head (MPNet's relative-position bias; "xla"
+    only). "cudnn" on a [B, S] mask goes through `jax.nn.dot_product_attention`, which keeps the
+    softmax in float32, and reads the mask as right padding (`query_seq_lengths` /
+    `key_value_seq_lengths` = its row sums); padded query rows then come back as zeros, which
+    pooling ignores. On `PackedSegments` it calls cuDNN's packed (ragged offsets) kernel, which
+    `jax.nn.dot_product_attention` does not expose (`_cudnn_packed`).
 
     Returns:
         [B, T, N, H] in the dtype of q.
@@ -150,8 +189,12 @@ def attention(
     if implementation == "cudnn":
         if bias_nts is not None:
             raise ValueError("attention='cudnn' takes no position bias (MPNet): use 'xla'")
+        if isinstance(attention_mask_bs, PackedSegments):
+            return _cudnn_packed(q_btnh, k_bskh, v_bskh, attention_mask_bs, causal=causal)
         if attention_mask_bs.ndim != 2:
-            raise ValueError("attention='cudnn' takes right-padded rows, not packed ones")
+            raise ValueError(
+                "attention='cudnn' takes right-padded rows or PackedSegments, not a [B, T, S] mask"
+            )
         lengths_b = jnp.sum(attention_mask_bs.astype(jnp.int32), axis=-1)
         return jax.nn.dot_product_attention(
             q_btnh,
@@ -168,6 +211,33 @@ def attention(
         )
     return _einsum_attention(
         q_btnh, k_bskh, v_bskh, attention_mask_bs, causal=causal, bias_nts=bias_nts
+    )
+
+
+def _cudnn_packed(q_btnh, k_bskh, v_bskh, segments: PackedSegments, *, causal: bool):
+    """cuDNN fused attention within each packed segment (sequence packing through ragged
+    offsets, the same kernel `jax.nn.dot_product_attention` uses for padded rows). Tokens past a
+    row's runs come back as zeros. GPU only, bfloat16/float16; checked against the XLA masked
+    attention by tests/models/test_attention_gpu.py."""
+    try:  # the packed form is only in JAX's internal cuDNN module (jax 0.10)
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    except ImportError as error:
+        raise ValueError(
+            f"attention='cudnn' on packed rows needs jax's cuDNN sequence packing "
+            f"(jax._src.cudnn.fused_attention_stablehlo; jax {jax.__version__}): use 'xla'"
+        ) from error
+    mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
+    return cudnn.dot_product_attention(
+        q_btnh,
+        k_bskh,
+        v_bskh,
+        q_seqlen=segments.seqlens_bm,
+        kv_seqlen=segments.seqlens_bm,
+        q_offsets=segments.offsets_bm,
+        kv_offsets=segments.offsets_bm,
+        scale=1.0 / float(np.sqrt(q_btnh.shape[-1])),
+        mask_type=mask_type,
+        qkv_layout="BTNH",
     )
 
 

@@ -184,6 +184,7 @@ class Qwen3Encoder(nnx.Module):
     ):
         self.config = config
         self.scan_layers = scan_layers
+        self.attention = attention
         self.embed_tokens = nnx.Embed(
             config.vocab_size,
             config.hidden_size,
@@ -216,6 +217,7 @@ class Qwen3Encoder(nnx.Module):
             segment_ids_bt,
             positions_bt,
             default_positions_fn=layers.positions_from_mask,
+            implementation=self.attention,
         )
         cos_bth, sin_bth = layers.rope_cos_sin(
             positions_bt, head_dim=self.config.head_dim, theta=self.config.rope_theta
