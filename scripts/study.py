@@ -66,6 +66,7 @@ PRESETS = {
     "headline-mined-pilot": {"config": "configs/headline.py", "overrides": []},
     "headline-mined-pilot-verify": {"config": "configs/headline.py", "overrides": []},
     "headline-beyond": {"config": "configs/headline.py", "overrides": []},
+    "headline-late-verify": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
     # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
     # (docs/numeric.md), which configs/numeric.py holds.
@@ -261,6 +262,7 @@ def main() -> None:
             "headline-mined",
             "headline-late",
             "headline-late800",
+            "headline-late-verify",
         ):  # one phase from the twin(s)
             variant = args.preset.removeprefix("headline-").removesuffix("-verify")
             study_headline.run_phases(args, run, variants=(variant,),

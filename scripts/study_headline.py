@@ -565,8 +565,8 @@ def run_late_blend(args, run: RunFn) -> None:
 # The phases `--preset headline-verify` runs from its twin, and `--preset headline-beyond` from
 # each 2,000-step twin (issue #57): the mined data alone and the mined data with the numeric
 # recipe. The late recipe alone left the verification preset on 2026-11-29 (about 9 of its
-# minutes; Minednum is the late recipe plus the mined data): `--preset headline-late` runs it,
-# and docs/study_mined_verify/ keeps its verification-size rows.
+# minutes; Minednum is the late recipe plus the mined data): `--preset headline-late-verify` runs
+# it, and docs/study_mined_verify/ keeps its verification-size rows.
 VERIFY_PHASES = ("mined", "minednum")
 BEYOND_PHASES = VERIFY_PHASES
 BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`

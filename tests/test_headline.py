@@ -810,3 +810,43 @@ def test_model_card_states_the_mined_objective_and_data():
     late = headline.get_config("late800").to_dict()
     assert "contrastive" not in model_card.objective_text(late["loss"])
     assert "where the offline question generator" in model_card.data_clause(late["prepare"])
+
+
+@pytest.mark.parametrize(
+    "preset, variants, verify, report",
+    [
+        ("headline-late", ("late",), False, False),
+        ("headline-late800", ("late800",), False, False),
+        ("headline-late-verify", ("late",), True, False),
+        ("headline-mined", ("mined",), False, False),
+        ("headline-minednum-verify", ("minednum",), True, False),
+        ("headline-verify", ("mined", "minednum"), True, True),
+        ("headline-beyond", ("mined", "minednum"), False, True),
+    ],
+)
+def test_phase_presets_run_their_phases_and_the_report_where_they_have_one(
+    preset, variants, verify, report, monkeypatch
+):
+    """`scripts/study.py --preset ...` for every preset that trains phases from the twin: which
+    phases, at which size, whether the report follows (never the numeric-from-start student),
+    and `headline-beyond`'s own record folder."""
+    import study
+    import study_headline
+
+    calls = []
+    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: None)
+    monkeypatch.setattr(
+        study_headline, "run_phases",
+        lambda args, run, *, variants, verify: calls.append(
+            ("phases", tuple(variants), verify, args.record)),
+    )  # fmt: skip
+    monkeypatch.setattr(
+        study_headline, "run_headline",
+        lambda args, run, *, verify, students: calls.append(("report", verify, students)),
+    )  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["study.py", "--preset", preset])
+    study.main()
+    assert calls[0][:3] == ("phases", variants, verify)
+    assert calls[1:] == ([("report", verify, False)] if report else [])
+    if preset == "headline-beyond":
+        assert calls[0][3] == str(study_headline.BEYOND_RECORD)
