@@ -608,6 +608,11 @@ def test_verify_and_long_step_counts_of_the_twin_and_late():
              c.prepare.max_passages else round(c.num_epochs * 20000 / c.batch_size)
              for v, c in steps.items()}  # fmt: skip
     assert count == {"distill,verify": 300, "late,verify": 150, "distill": 2000, "late": 400}
+    # The mined phases count steps, not epochs: their data has as many passages as get a question.
+    assert {v: headline.get_config(v).total_steps for v in
+            ("mined", "minednum", "mined,verify", "minednum,verify", "late", "distill")} == {
+        "mined": 800, "minednum": 800, "mined,verify": 150, "minednum,verify": 150, "late": 0,
+        "distill": 0}  # fmt: skip
 
 
 def test_late800_is_late_for_800_steps_labelled_apart(tmp_path):
