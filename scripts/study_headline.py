@@ -263,43 +263,115 @@ def exported(stage_fn: Callable[[str, list[str]], None], label: str, workdir: Pa
     return hf
 
 
-def run_pilots(args, run: RunFn) -> None:
+GraphFn = Callable[[list[Stage], dict[str, float]], None]
+
+
+class StudyGraph:
+    """The trainings, exports and scorings of one study as a stage graph (`stages.Stage`), each
+    added only when its output is missing, so that a rerun builds what is left. List order is
+    priority: add trainings first, so that two of them pair up and scoring fills in."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.stages: list[Stage] = []
+        self.workdirs: list[Path] = []
+        self.results: list[Path] = []
+
+    def add(self, stage: str, argv: list[str], after: Sequence[str], *, done: bool,
+            alone: bool = False) -> str:  # fmt: skip
+        """Adds `stage` unless `done`; prerequisites already done (absent) are dropped."""
+        if not done:
+            names = {s.name for s in self.stages}
+            self.stages.append(
+                Stage(stage, tuple(argv), tuple(a for a in after if a in names), alone)
+            )
+        return stage
+
+    def train(self, label: str, argv: list[str], seed: int, after: Sequence[str] = (),
+              alone: bool = False, workdir: Path | None = None) -> tuple[str, Path]:  # fmt: skip
+        """`caliber_jax.train` of `label` into `workdir` (default out/<slug>), done when its
+        summary exists; returns (stage, workdir)."""
+        workdir = workdir or self.out / evaluate.slug(label)
+        self.workdirs.append(workdir)
+        stage = self.add(f"train {label}", ["-m", "caliber_jax.train", *argv,
+                                            f"--config.seed={seed}", f"--workdir={workdir}"],
+                         after, done=(workdir / "summary.json").is_file(),
+                         alone=alone)  # fmt: skip
+        return stage, workdir
+
+    def export(self, label: str, workdir: Path, after: str, hf: Path | None = None,
+               *extra: str) -> tuple[str, Path]:  # fmt: skip
+        """`caliber_jax.export` of `workdir` into `hf` (default workdir/hf) with `extra` flags;
+        returns (stage, hf)."""
+        hf = hf or workdir / "hf"
+        stage = self.add(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
+                                             f"--output={hf}", *extra], [after],
+                         done=(hf / "modules.json").is_file())  # fmt: skip
+        return stage, hf
+
+    def score(self, label: str, model: Path, path: Path, common: list[str],
+              after: Sequence[str] = ()) -> Path:  # fmt: skip
+        """`caliber_jax.evaluate` of `model` with `common` into `path`; returns `path`."""
+        self.results.append(path)
+        self.add(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model}",
+                                       f"--label={label}", *common, f"--output={path}"],
+                 after, done=path.is_file())  # fmt: skip
+        return path
+
+    def run(self, args, times: dict[str, float], run_graph: GraphFn | None = None) -> None:
+        """Runs what is left (`run_graph`, default `stages.run_stages` with `args.jobs` at a
+        time, each pinned to its share of the cores); `times` gathers their seconds."""
+        if not self.stages:
+            return
+        runner = run_graph or functools.partial(
+            run_stages, cwd=REPO, jobs=getattr(args, "jobs", 1), log_dir=self.out / "logs",
+            pin_cores=True,
+        )  # fmt: skip
+        runner(self.stages, times)
+
+    def record(self, record: Path | None) -> None:
+        """Copies each training's summary, config and metrics and each result to `record`."""
+        for workdir in self.workdirs:
+            for file in ("summary.json", "config.json", "metrics.jsonl"):
+                record_file(workdir / file, self.out, record)
+        for path in self.results:
+            record_file(path, self.out, record)
+
+
+def run_pilots(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     """Each of `PILOTS` trained `PILOT_STEPS` steps on the headline data (its teacher vectors
     first, resumable), exported, and scored on NumGap dev and FinanceBench at 256 tokens, beside
-    the fitted start; the table and per-rule dev NumGap go to `<output>/pilots.md`."""
+    the fitted start; the table and per-rule dev NumGap go to `<output>/pilots.md`. The
+    trainings, exports and scorings are one graph (`StudyGraph`, `args.jobs` at a time)."""
     out = Path(args.output or "runs/headline").resolve()
     data = out / "data"
     common = stage_args(args, data)
     record = record_dir(args, "headline")
-    prepared(args, run, data)
+    times: dict[str, float] = {}
+    prepared(args, run, data, times=times)
     numgap_path = data / "numgap_dev.jsonl"
     eval_common = eval_args(args, numgap_path)
     pilots = out / "pilots"
     epochs = PILOT_STEPS / 625
-    times: dict[str, float] = {}
-    labels = []
-    for label, overrides in PILOTS.items():
-        workdir = pilots / evaluate.slug(label)
-        if not (workdir / "summary.json").is_file():
-            run(f"train {label}", ["-m", "caliber_jax.train", *common, f"--workdir={workdir}",
-                                   f"--config.num_epochs={epochs}", "--config.seed=0",
-                                   *overrides], times)  # fmt: skip
-        exports = [(label, workdir / "hf", [])]
-        if not labels:  # the fitted start, once: the first pilot's step-0 weights
-            exports.append(("Initial lp long s0", pilots / "Initial_lp_long_s0" / "hf",
-                            ["--interpolate=0"]))  # fmt: skip
-        for name, hf, extra in exports:
-            exported(lambda stage, argv: run(stage, argv, times), name, workdir, hf, *extra)
-            path = pilots / "results" / evaluate.slug(name) / "financebench+numgap.json"
-            if not path.is_file():
-                run(f"evaluate {name}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
-                                         f"--label={name}", *eval_common,
-                                         f"--output={path}"], times)  # fmt: skip
-            record_file(path, out, record)
-            labels.append(name)
-        for file in ("summary.json", "config.json", "metrics.jsonl"):
-            record_file(workdir / file, out, record)
-    results = {name: load_results(pilots / "results" / evaluate.slug(name)) for name in labels}
+    graph = StudyGraph(out)
+    trainings = {label: graph.train(label, [*common, f"--config.num_epochs={epochs}", *overrides],
+                                    0, workdir=pilots / evaluate.slug(label))
+                 for label, overrides in PILOTS.items()}  # fmt: skip
+    # The fitted start, once: the first pilot's step-0 weights.
+    first_stage, first_dir = next(iter(trainings.values()))
+    exports = {"Initial lp long s0": graph.export("Initial lp long s0", first_dir, first_stage,
+                                                  pilots / "Initial_lp_long_s0" / "hf",
+                                                  "--interpolate=0")}  # fmt: skip
+    exports |= {label: graph.export(label, workdir, stage)
+                for label, (stage, workdir) in trainings.items()}  # fmt: skip
+    results_dir = pilots / "results"
+    paths = {label: graph.score(label, hf, results_dir / evaluate.slug(label) / TASK_FILES[2],
+                                eval_common, [stage])
+             for label, (stage, hf) in exports.items()}  # fmt: skip
+    graph.run(args, times, run_graph)
+    graph.record(record)
+    labels = list(paths)  # the fitted start, then the candidates
+    results = {label: load_results(paths[label].parent) for label in labels}
     records = numgap.load_numgap(numgap_path)
     rules = numgap_rules.markdown(numgap_rules.per_rule(records, results), labels)
     report = (f"# Headline pilots: {PILOT_STEPS} steps, NumGap **dev** ({len(records)} records)"
@@ -574,7 +646,6 @@ BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s de
 # late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
 LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)
                 for label in ("Late800 lp long s0", "Late800 lp long s1")}  # fmt: skip
-GraphFn = Callable[[list[Stage], dict[str, float]], None]
 
 
 def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
@@ -623,61 +694,60 @@ def choose_mined(dev: dict[str, dict], labels: list[str], *, target: float) -> s
     return max(reaching, key=lambda label: dev[label]["financebench"]["ndcg_at_10"], default=None)
 
 
-def run_mined_pilots(args, run: RunFn, *, verify: bool) -> None:
+def run_mined_pilots(args, run: RunFn, *, verify: bool,
+                     run_graph: GraphFn | None = None) -> None:  # fmt: skip
     """Each of `MINED_PILOTS` trained from the seed-0 twin (made when missing) on the mined data,
     exported, scored on the dev sets beside the twin (and Late where its run exists); the choice
-    of `choose_mined` per variant and the table go to `<output>/mined_pilots/mined_pilots.md`."""
+    of `choose_mined` per variant and the table go to `<output>/mined_pilots/mined_pilots.md`.
+    Data and teacher vectors come first; then one graph (`StudyGraph`): the twin alone on every
+    core, the candidates side by side (`args.jobs` at a time), the scorings filling in."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
     data, mined = out / "data", out / phase_data("mined")
     record = record_dir(args, name)
     times: dict[str, float] = {}
-
-    def stage(stage_name: str, argv: list[str]) -> None:
-        run(stage_name, argv, times)
-
     prepared(args, run, data, size.replace(",", ":"), times)
     mined_args = stage_args(args, mined, f":mined{size}")
     if not (mined / "stats.json").is_file():
-        stage("prepare mined", ["-m", "caliber_jax.prepare", *mined_args])
-    stage("teacher vectors mined", ["-m", "caliber_jax.embed_teacher", *mined_args,
-                                    f"--reuse_from={data}"])  # fmt: skip
-    twin = distill_label(0, verify=verify)
-    start = exported(stage, twin, trained(stage, out, record,
-                                          stage_args(args, data, f":distill{size}"),
-                                          label=twin, seed=0))  # fmt: skip
+        run("prepare mined", ["-m", "caliber_jax.prepare", *mined_args], times)
+    run("teacher vectors mined", ["-m", "caliber_jax.embed_teacher", *mined_args,
+                                  f"--reuse_from={data}"], times)  # fmt: skip
     folder = out / "mined_pilots"
     dev_common = [f"--financebench={mined / 'mined_dev.jsonl'}",
                   f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
                   "--tasks=financebench,numgap"]  # fmt: skip
-    scored = functools.partial(scored_once, run, times, out, record)
-    dev: dict[str, dict] = {}
-    references = [(twin, start)]
-    late_variant = "late" if verify else "late800"
-    late = late_label(0, verify=verify, variant=late_variant)
-    if (out / evaluate.slug(late) / "hf" / "modules.json").is_file():
-        references.append((late, out / evaluate.slug(late) / "hf"))
-    for label, hf in references:
+    graph = StudyGraph(out)
+    paths: dict[str, Path] = {}
+
+    def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
         path = folder / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        dev[label] = scored(label, hf, path, dev_common)
-    path = folder / "results" / "Teacher" / "financebench+numgap.json"
-    dev["Teacher"] = scored("Teacher", mpnet_teacher(), path, [*dev_common, "--backend=torch"])
+        paths[label] = graph.score(label, model, path, [*extra, *dev_common], after)
+
+    twin = distill_label(0, verify=verify)
+    twin_stage, twin_dir = graph.train(twin, stage_args(args, data, f":distill{size}"), 0,
+                                       alone=True)  # fmt: skip
+    start_stage, start = graph.export(twin, twin_dir, twin_stage)
+    candidates = {}
     for (variant, weight), label in MINED_PILOTS.items():
-        workdir = folder / evaluate.slug(label)
-        if not (workdir / "summary.json").is_file():
-            stage(f"train {label}", ["-m", "caliber_jax.train",
-                                     *stage_args(args, mined, f":{variant}{size}"),
-                                     f"--config.model.init_dir={start}", "--config.seed=0",
-                                     f"--config.loss.contrastive_weight={weight}",
-                                     f"--workdir={workdir}"])  # fmt: skip
-        for file in ("summary.json", "config.json", "metrics.jsonl"):
-            record_file(workdir / file, out, record)
-        hf = exported(stage, label, workdir)
-        path = folder / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        dev[label] = scored(label, hf, path, dev_common)
+        argv = [*stage_args(args, mined, f":{variant}{size}"), f"--config.model.init_dir={start}",
+                f"--config.loss.contrastive_weight={weight}"]  # fmt: skip
+        candidates[label] = graph.train(label, argv, 0, [start_stage],
+                                        workdir=folder / evaluate.slug(label))  # fmt: skip
+    score(twin, start, [start_stage])
+    late = late_label(0, verify=verify, variant="late" if verify else "late800")
+    has_late = (out / evaluate.slug(late) / "hf" / "modules.json").is_file()
+    if has_late:
+        score(late, out / evaluate.slug(late) / "hf")
+    score("Teacher", mpnet_teacher(), (), "--backend=torch")
+    for label, (stage, workdir) in candidates.items():
+        stage, hf = graph.export(label, workdir, stage)
+        score(label, hf, [stage])
+    graph.run(args, times, run_graph)
+    graph.record(record)
+    dev = {label: load_results(path.parent) for label, path in paths.items()}
     lines = []
-    floor = dev[references[-1][0]]["numgap"]["overall"]["D"] if len(references) > 1 else None
+    floor = dev[late]["numgap"]["overall"]["D"] if has_late else None
     for variant, target in (("mined", 0.0), ("minednum", MINED_TARGET_D if floor is None
                                                          else floor)):  # fmt: skip
         labels = [label for (v, _), label in MINED_PILOTS.items() if v == variant]
@@ -731,46 +801,17 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                                          f"--reuse_from={data}"], times)  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
-    graph: list[Stage] = []
-    workdirs: list[Path] = []
-    results: list[Path] = []
-
-    def add(stage: str, argv: list[str], after: Sequence[str], *, done: bool,
-            alone: bool = False) -> str:  # fmt: skip
-        if not done:
-            names = {s.name for s in graph}
-            graph.append(Stage(stage, tuple(argv), tuple(a for a in after if a in names), alone))
-        return stage
-
-    def train(label: str, argv: list[str], seed: int, after: Sequence[str] = (),
-              alone: bool = False) -> tuple[str, Path]:  # fmt: skip
-        workdir = out / evaluate.slug(label)
-        workdirs.append(workdir)
-        stage = add(f"train {label}", ["-m", "caliber_jax.train", *argv, f"--config.seed={seed}",
-                                       f"--workdir={workdir}"], after,
-                    done=(workdir / "summary.json").is_file(), alone=alone)  # fmt: skip
-        return stage, workdir
-
-    def export(label: str, workdir: Path, after: str, hf: Path | None = None,
-               *extra: str) -> tuple[str, Path]:  # fmt: skip
-        hf = hf or workdir / "hf"
-        stage = add(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                        f"--output={hf}", *extra], [after],
-                    done=(hf / "modules.json").is_file())  # fmt: skip
-        return stage, hf
+    graph = StudyGraph(out)
 
     def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        results.append(path)
-        add(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model}",
-                                  f"--label={label}", *extra, *test_common, f"--output={path}"],
-            after, done=path.is_file())  # fmt: skip
+        graph.score(label, model, path, [*extra, *test_common], after)
 
     # Priority is list order: trainings first, so that two of them pair up; scoring fills in.
-    twins = {seed: train(distill_label(seed, verify=verify),
-                         stage_args(args, data, f":distill{size}"), seed,
-                         alone=len(seeds) == 1) for seed in seeds}  # fmt: skip
-    starts = {seed: export(distill_label(seed, verify=verify), workdir, stage)
+    twins = {seed: graph.train(distill_label(seed, verify=verify),
+                               stage_args(args, data, f":distill{size}"), seed,
+                               alone=len(seeds) == 1) for seed in seeds}  # fmt: skip
+    starts = {seed: graph.export(distill_label(seed, verify=verify), workdir, stage)
               for seed, (stage, workdir) in twins.items()}  # fmt: skip
     phases = {}
     for seed in seeds:
@@ -779,8 +820,9 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             stage, hf = starts[seed]
             argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
                     f"--config.model.init_dir={hf}"]  # fmt: skip
-            phases[label] = train(label, argv, seed, [stage])
-    exports = {label: export(label, workdir, stage) for label, (stage, workdir) in phases.items()}
+            phases[label] = graph.train(label, argv, seed, [stage])
+    exports = {label: graph.export(label, workdir, stage)
+               for label, (stage, workdir) in phases.items()}  # fmt: skip
     for seed in seeds:
         stage, hf = starts[seed]
         score(distill_label(seed, verify=verify), hf, [stage])
@@ -792,7 +834,7 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
         seed = seeds[0]
         start_label = f"Initial lp verify s{seed}"
         twin_stage, twin = twins[seed]
-        stage, hf = export(
+        stage, hf = graph.export(
             start_label,
             twin,
             twin_stage,
@@ -800,17 +842,8 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             "--interpolate=0",
         )
         score(start_label, hf, [stage])
-    if graph:
-        runner = run_graph or functools.partial(
-            run_stages, cwd=REPO, jobs=getattr(args, "jobs", 1), log_dir=out / "logs",
-            pin_cores=True,
-        )  # fmt: skip
-        runner(graph, times)
-    for workdir in workdirs:
-        for file in ("summary.json", "config.json", "metrics.jsonl"):
-            record_file(workdir / file, out, record)
-    for path in results:
-        record_file(path, out, record)
+    graph.run(args, times, run_graph)
+    graph.record(record)
     for stage_name, seconds in times.items():
         print(f"phases: {stage_name}: {seconds:.0f} s")
     add_times(out / "study.json", times)  # the report's wall-clock table (`run_headline`)

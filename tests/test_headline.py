@@ -218,14 +218,18 @@ def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
     fake = FakeStages(evaluate, seconds=1.0)
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record=str(record),
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_pilots(args, fake)
+    fake_graph = FakeGraph(fake)
+    study_headline.run_pilots(args, fake, run_graph=fake_graph)
     trains = [argv for stage, argv in fake.calls if stage.startswith("train ")]
     assert [stage for stage in fake.stages if stage.startswith("train ")] == [
         f"train {label}" for label in study_headline.PILOTS
     ]
+    (graph,) = fake_graph.graphs  # the candidates wait on nothing: they can pair
+    assert all(stage.after == () for stage in graph if stage.name.startswith("train "))
     epochs = f"--config.num_epochs={study_headline.PILOT_STEPS / 625}"
     for argv, overrides in zip(trains, study_headline.PILOTS.values(), strict=True):
-        assert epochs in argv and argv[len(argv) - len(overrides) :] == overrides
+        tail = argv[argv.index(epochs) + 1 :]  # the overrides, then the seed and workdir
+        assert tail[: len(overrides)] == overrides and tail[len(overrides)] == "--config.seed=0"
     starts = [argv for stage, argv in fake.calls if stage == "export Initial lp long s0"]
     assert len(starts) == 1 and "--interpolate=0" in starts[0]
     report = (out / "pilots" / "pilots.md").read_text()
@@ -236,8 +240,8 @@ def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
         assert (record / "pilots" / "results" / slug / "financebench+numgap.json").is_file()
     # A rerun finds every stage done (only the teacher-vector check runs again).
     fake.calls.clear()
-    study_headline.run_pilots(args, fake)
-    assert fake.stages == ["teacher vectors"]
+    study_headline.run_pilots(args, fake, run_graph=fake_graph)
+    assert fake.stages == ["teacher vectors"] and len(fake_graph.graphs) == 1
 
 
 def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch, capsys):
@@ -728,7 +732,9 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     data is prepared once (teacher vectors of the headline data reused), the seed-0 twin trains
     once, every candidate starts from its export with its contrastive weight, every model is
     scored on the two dev sets only (mined dev in FinanceBench's columns, NumGap dev), and the
-    choice per variant follows `choose_mined`; a rerun repeats nothing but the teacher checks."""
+    choice per variant follows `choose_mined`. The trainings, exports and scorings are one graph:
+    the twin alone on every core, each candidate waiting on the twin's export only (free to pair);
+    a rerun repeats nothing but the teacher checks and builds no graph."""
     import argparse
 
     import study_headline
@@ -753,10 +759,20 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     fake_run = FakeStages(evaluate=scores)
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    fake_graph = FakeGraph(fake_run)
+    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
     argv = fake_run.argv()
     trains = [stage for stage in fake_run.stages if stage.startswith("train ")]
     assert trains == ["train Distill lp verify s0", *(f"train {label}" for label in dev)]
+    (graph,) = fake_graph.graphs
+    assert fake_run.stages[: -len(graph)] == ["teacher vectors", "prepare mined",
+                                              "teacher vectors mined"]  # fmt: skip
+    by_name = {stage.name: stage for stage in graph}
+    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
+    for label in dev:
+        assert by_name[f"train {label}"].after == ("export Distill lp verify s0",)
+        assert by_name[f"evaluate {label}"].after == (f"export {label}",)
+    assert by_name["evaluate Teacher"].after == ()
     assert f"--reuse_from={out / 'data'}" in argv["teacher vectors mined"]
     start = out / "Distill_lp_verify_s0" / "hf"
     for (variant, weight), label in study_headline.MINED_PILOTS.items():
@@ -775,12 +791,14 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     assert "- mined: Pilot mined c1 (the highest mined-dev nDCG@10)" in report
     assert "- minednum: Pilot minednum c0.1 (NumGap dev D >= 0.3000, then" in report
     fake_run.calls.clear()
-    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
     assert fake_run.stages == ["teacher vectors", "teacher vectors mined"]
+    assert len(fake_graph.graphs) == 1
     # With the late recipe's run there, its dev D is the numeric candidates' floor.
     dev["Late lp verify s0"] = (0.55, 0.15)
     _write(out / "Late_lp_verify_s0" / "hf", {"modules.json": "[]"})
-    study_headline.run_mined_pilots(args, fake_run, verify=True)
+    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
+    assert [stage.name for stage in fake_graph.graphs[-1]] == ["evaluate Late lp verify s0"]
     report = (out / "mined_pilots" / "mined_pilots.md").read_text()
     assert "- minednum: Pilot minednum c1 (NumGap dev D >= 0.1500, then" in report
 
