@@ -27,10 +27,10 @@ trained objective. The step is every config's (docs/training_path.md): packed ro
 at most 3 row counts, gradients and update in one program per row count; the recorded runs
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
-Variant `verify`: the same recipe at a size two CPU cores run in under two hours from a fresh
-clone (teacher vectors included): 1,600 passages, 300 steps, a 260-record NumGap test set; with
-`late`, `mined` or `minednum`, 150 steps (`--preset headline-verify` runs the twin, then mined
-and minednum side by side, at this size).
+Variant `verify`: the same recipe at a size two CPU cores run in about half an hour from a fresh
+clone (teacher vectors included; issue #57): 1,600 training passages that get a mined question,
+200 steps, a 260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps
+(`--preset headline-verify` runs the twin, then mined and minednum side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
@@ -42,7 +42,7 @@ Variant `late800`: `late` for 800 steps (the pilot of 2026-11-27, 70702d6, chose
 `--preset headline-late800` runs it from the same twins, labelled "Late800";
 `--preset headline-late800-blend` blends each Late800 run with the twin it started from
 (`export --interpolate`, WiSE-FT), the share chosen on NumGap dev, labelled "Blend800".
-Variant `mined` (issue #57): from the twin's export, 800 steps (150 with `verify`) on the
+Variant `mined` (issue #57): from the twin's export, 800 steps (100 with `verify`) on the
 training passages that get a mined question (`prepare.queries_only`: the mining pipeline's offline
 generator asks about a numeric fact a passage states; FinanceBench's filings excluded as in every
 prepare), LEAF's alignment of x and pi(x) plus the in-batch contrastive term of each question
@@ -154,14 +154,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.prepare.mined_dev = 150
         config.prepare.max_passages = 1600
         config.prepare.max_val_passages = 128
+        # Every verification-size run trains on passages that get a mined question (the twin
+        # as well as the phases), so the phases' data reuses the twin data's teacher vectors of
+        # x and of the questions (`embed_teacher --reuse_from`): only pi(x) differs.
+        config.prepare.queries_only = True
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
         config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}
-        # 50 steps per epoch at batch 32: 300 steps; the late phase 150, chosen on the verify
-        # data's NumGap dev set (70702d6): 60 steps (the long run's 5:1) gave dev D 0.015,
-        # 150 gave 0.123 at the same val/align_x (0.653-0.654).
-        config.num_epochs = 3.0 if "late" in variants or "mined" in variants else 6.0
+        # 50 steps per epoch at batch 32. The sizes are issue #57's budget (the preset in about
+        # 30 minutes on 2 CPU cores from a fresh clone), not a dev choice: the twin 200 steps,
+        # each phase 100 (at the earlier size, 300 and 150: 52 minutes; there the late phase's
+        # 150 steps were the NumGap dev choice over 60, dev D 0.123 against 0.015, 70702d6).
+        config.num_epochs = 2.0 if "late" in variants or "mined" in variants else 4.0
         if "mined" in variants:
-            config.total_steps = 150  # 3 epochs of the 1,600 passages with a question
+            config.total_steps = 100  # 2 epochs of the 1,600 passages with a question
         config.eval_every = 100
         config.checkpoint_every = 25
     return config

@@ -28,6 +28,7 @@ report go to `--record` (default docs/study_headline[_verify]/), since run folde
 their machine.
 """
 
+import dataclasses
 import functools
 import json
 import sys
@@ -317,6 +318,13 @@ class StudyGraph:
                                        f"--label={label}", *common, f"--output={path}"],
                  after, done=path.is_file())  # fmt: skip
         return path
+
+    def alone_if_unpaired(self, name: str) -> None:
+        """Marks stage `name` `alone` (every core, nothing beside it) when no other stage could
+        start beside it: every other one waits on something."""
+        if all(stage.after for stage in self.stages if stage.name != name):
+            self.stages = [dataclasses.replace(stage, alone=True) if stage.name == name else stage
+                           for stage in self.stages]  # fmt: skip
 
     def run(self, args, times: dict[str, float], run_graph: GraphFn | None = None) -> None:
         """Runs what is left (`run_graph`, default `stages.run_stages` with `args.jobs` at a
@@ -776,13 +784,14 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     (FinanceBench + the NumGap test set), with the stages that do not wait on each other side
     by side (`args.jobs` at a time, each pinned to its share of the cores: two one-core
     trainings did ~1.4x the work of one two-core training, docs/benchmarks_history.md,
-    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twins of
-    several seeds train together; a single twin trains alone on every core, as every later
-    stage waits for it. At the verification size the graph also scores the Teacher, plain
-    all-MiniLM-L6-v2 and the fitted start, which the report (`run_headline`) then finds done.
-    Data and teacher vectors come first, one stage at a time (a phase's data reuses the twin
-    data's teacher vectors where passages repeat); each stage skips what is done.
-    `run_graph(stages, times)` runs the graph (default `stages.run_stages`)."""
+    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twin data and
+    its teacher vectors come first. The twins of several seeds train together, after the phases'
+    data (one stage at a time); a single twin trains beside the phases' data and teacher vectors
+    (a phase's data reuses the twin data's vectors where texts repeat) and, at the verification
+    size, the scoring of the Teacher and plain all-MiniLM-L6-v2, then the fitted start; it trains
+    alone on every core only when nothing is left to run beside it. The report (`run_headline`)
+    finds those scores done. Each stage skips what is done. `run_graph(stages, times)` runs the
+    graph (default `stages.run_stages`)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
@@ -791,14 +800,20 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     seeds = [int(s) for s in args.seeds.split(",")]
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
+    data_stages: dict[str, dict[str, list[str]]] = {}  # folder -> stage -> argv
     for folder in dict.fromkeys(phase_data(variant) for variant in variants):
         first = next(variant for variant in variants if phase_data(variant) == folder)
         phase_args = stage_args(args, out / folder, f":{first}{size}")
         phase = folder.removeprefix("data_")
-        if not (out / folder / "stats.json").is_file():
-            run(f"prepare {phase}", ["-m", "caliber_jax.prepare", *phase_args], times)
-        run(f"teacher vectors {phase}", ["-m", "caliber_jax.embed_teacher", *phase_args,
-                                         f"--reuse_from={data}"], times)  # fmt: skip
+        data_stages[folder] = {
+            f"prepare {phase}": ["-m", "caliber_jax.prepare", *phase_args],
+            f"teacher vectors {phase}": ["-m", "caliber_jax.embed_teacher", *phase_args,
+                                         f"--reuse_from={data}"],
+        }  # fmt: skip
+        if len(seeds) > 1:  # before the twins, which take every core
+            for stage, argv in data_stages[folder].items():
+                if stage.startswith("teacher") or not (out / folder / "stats.json").is_file():
+                    run(stage, argv, times)
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
     graph = StudyGraph(out)
@@ -809,18 +824,29 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
 
     # Priority is list order: trainings first, so that two of them pair up; scoring fills in.
     twins = {seed: graph.train(distill_label(seed, verify=verify),
-                               stage_args(args, data, f":distill{size}"), seed,
-                               alone=len(seeds) == 1) for seed in seeds}  # fmt: skip
+                               stage_args(args, data, f":distill{size}"), seed)
+             for seed in seeds}  # fmt: skip
     starts = {seed: graph.export(distill_label(seed, verify=verify), workdir, stage)
               for seed, (stage, workdir) in twins.items()}  # fmt: skip
+    phase_labels = {(seed, variant): late_label(seed, verify=verify, variant=variant)
+                    for seed in seeds for variant in variants}  # fmt: skip
+    ready: dict[str, list[str]] = {}  # folder -> the data stages its phases wait on
+    for folder, stages in data_stages.items():
+        pending = [label for (_, variant), label in phase_labels.items()
+                   if phase_data(variant) == folder
+                   and not (out / evaluate.slug(label) / "summary.json").is_file()]  # fmt: skip
+        if len(seeds) == 1 and pending:  # beside the single twin; done once its phases are
+            (prepare, prepare_argv), (vectors, vectors_argv) = stages.items()
+            prepared_stage = graph.add(prepare, prepare_argv, (),
+                                       done=(out / folder / "stats.json").is_file())  # fmt: skip
+            ready[folder] = [graph.add(vectors, vectors_argv, [prepared_stage], done=False)]
     phases = {}
-    for seed in seeds:
-        for variant in variants:
-            label = late_label(seed, verify=verify, variant=variant)
-            stage, hf = starts[seed]
-            argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
-                    f"--config.model.init_dir={hf}"]  # fmt: skip
-            phases[label] = graph.train(label, argv, seed, [stage])
+    for (seed, variant), label in phase_labels.items():
+        stage, hf = starts[seed]
+        folder = phase_data(variant)
+        argv = [*stage_args(args, out / folder, f":{variant}{size}"),
+                f"--config.model.init_dir={hf}"]  # fmt: skip
+        phases[label] = graph.train(label, argv, seed, [stage, *ready.get(folder, [])])
     exports = {label: graph.export(label, workdir, stage)
                for label, (stage, workdir) in phases.items()}  # fmt: skip
     for seed in seeds:
@@ -842,6 +868,8 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             "--interpolate=0",
         )
         score(start_label, hf, [stage])
+    if len(seeds) == 1:
+        graph.alone_if_unpaired(twins[seeds[0]][0])
     graph.run(args, times, run_graph)
     graph.record(record)
     for stage_name, seconds in times.items():

@@ -391,9 +391,10 @@ class FakeGraph:
 
 def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     """`--preset headline-late` with each stage replaced by what it writes: the late data is
-    prepared once with the teacher vectors of the headline data reused, the distilled twin
-    trains alone and is exported, the late run starts from that export with `:late`, and both are
-    scored on the recorded test set into the headline's results; a rerun repeats nothing."""
+    prepared once with the teacher vectors of the headline data reused, beside the distilled
+    twin (so the twin is not alone), which is exported, the late run starts from that export
+    with `:late` once its data is there, and both are scored on the recorded test set into the
+    headline's results; a rerun repeats nothing."""
     import argparse
 
     import study_headline
@@ -409,12 +410,14 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
                               run_graph=fake_graph)  # fmt: skip
     argv = fake_run.argv()
     assert fake_run.stages == [
-        "teacher vectors", "prepare late", "teacher vectors late", "train Distill lp long s0",
-        "export Distill lp long s0", "train Late lp long s0", "export Late lp long s0",
+        "teacher vectors", "train Distill lp long s0", "export Distill lp long s0",
+        "prepare late", "teacher vectors late", "train Late lp long s0", "export Late lp long s0",
         "evaluate Distill lp long s0", "evaluate Late lp long s0",
     ]  # fmt: skip
     (graph,) = fake_graph.graphs
-    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp long s0"]
+    assert not any(stage.alone for stage in graph)
+    assert {s.name: s.after for s in graph}["train Late lp long s0"] == (
+        "export Distill lp long s0", "teacher vectors late")  # fmt: skip
     assert f"--reuse_from={out / 'data'}" in argv["teacher vectors late"]
     assert any(a.endswith("configs/headline.py:late") for a in argv["train Late lp long s0"])
     assert f"--config.data.dir={out / 'data_late'}" in argv["train Late lp long s0"]
@@ -425,7 +428,7 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     fake_run.calls.clear()
     study_headline.run_phases(args, fake_run, variants=("late",), verify=False,
                               run_graph=fake_graph)  # fmt: skip
-    assert fake_run.stages == ["teacher vectors", "teacher vectors late"]
+    assert fake_run.stages == ["teacher vectors"]
     assert len(fake_graph.graphs) == 1
 
 
@@ -448,8 +451,8 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
                               run_graph=FakeGraph(fake_run))  # fmt: skip
     argv = fake_run.argv()
     assert fake_run.stages[:7] == [
-        "prepare", "teacher vectors", "prepare late", "teacher vectors late",
-        "train Distill lp verify s0", "export Distill lp verify s0", "train Late lp verify s0",
+        "prepare", "teacher vectors", "train Distill lp verify s0", "export Distill lp verify s0",
+        "prepare late", "teacher vectors late", "train Late lp verify s0",
     ]  # fmt: skip
     assert any(a.endswith("configs/headline.py:verify") for a in argv["prepare"])
     assert any(a.endswith(":distill,verify") for a in argv["train Distill lp verify s0"])
@@ -464,11 +467,13 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
 def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     tmp_path, monkeypatch
 ):
-    """`--preset headline-verify` end to end with each stage replaced by what it writes: data
-    and teacher vectors one at a time; then one graph: the twin alone on every core, the mined
-    and mined + numeric phases from its export (free to pair), every model scored on the verify
-    test set, the teacher, plain MiniLM and the fitted start (exported at interpolate 0) in the
-    same graph; the report finds them done and puts every row in one table."""
+    """`--preset headline-verify` end to end with each stage replaced by what it writes: the
+    twin's data and teacher vectors first; then one graph: the twin on its share of the cores
+    beside the mined data, its teacher vectors and the teacher's and plain MiniLM's scoring, the
+    mined and mined + numeric phases from its export once their data is there (free to pair),
+    every model scored on the verify test set, the fitted start exported at interpolate 0; the
+    report finds them done and puts every row in one table. Once the data and the references are
+    done, a rerun of the twin alone gets every core."""
     import argparse
 
     import fetch_mpnet
@@ -481,7 +486,7 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
         lambda flag: {"label": flag["--label"], "financebench": {"ndcg_at_10": 0.6},
                       "numgap": {"overall": {"D": 0.3, "M": 0.0, "n": 260}},
                       "provenance": {"commit": "new1234", "restored": False}},
-        config=headline.get_config("verify").to_json(), summary=json.dumps({"step": 300}),
+        config=headline.get_config("verify").to_json(), summary=json.dumps({"step": 200}),
         seconds=1.5,
     )  # fmt: skip
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
@@ -498,24 +503,31 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     fake_graph = FakeGraph(fake_run)
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
-    assert fake_run.stages[:4] == ["prepare", "teacher vectors", "prepare mined",
-                                   "teacher vectors mined"]  # fmt: skip
+    assert fake_run.stages[:2] == ["prepare", "teacher vectors"]
     (graph,) = fake_graph.graphs
     by_name = {stage.name: stage for stage in graph}
     assert [stage.name for stage in graph] == [
-        "train Distill lp verify s0", "export Distill lp verify s0", "train Mined lp verify s0",
-        "train Minednum lp verify s0", "export Mined lp verify s0",
-        "export Minednum lp verify s0", "evaluate Distill lp verify s0",
-        "evaluate Mined lp verify s0", "evaluate Minednum lp verify s0", "evaluate Teacher",
-        "evaluate Plain MiniLM", "export Initial lp verify s0", "evaluate Initial lp verify s0",
+        "train Distill lp verify s0", "export Distill lp verify s0", "prepare mined",
+        "teacher vectors mined", "train Mined lp verify s0", "train Minednum lp verify s0",
+        "export Mined lp verify s0", "export Minednum lp verify s0",
+        "evaluate Distill lp verify s0", "evaluate Mined lp verify s0",
+        "evaluate Minednum lp verify s0", "evaluate Teacher", "evaluate Plain MiniLM",
+        "export Initial lp verify s0", "evaluate Initial lp verify s0",
     ]  # fmt: skip
-    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
-    for phase in ("Mined", "Minednum"):  # both wait for the twin's export only: they can pair
-        assert by_name[f"train {phase} lp verify s0"].after == ("export Distill lp verify s0",)
-    assert by_name["evaluate Teacher"].after == ()
+    assert not any(stage.alone for stage in graph)  # the mined data and references beside it
+    free = [stage.name for stage in graph if not stage.after]
+    assert free == ["train Distill lp verify s0", "prepare mined", "evaluate Teacher",
+                    "evaluate Plain MiniLM"]  # fmt: skip
+    assert by_name["teacher vectors mined"].after == ("prepare mined",)
+    assert f"--reuse_from={out / 'data'}" in by_name["teacher vectors mined"].args
+    for phase in ("Mined", "Minednum"):  # both wait for the twin and the data only: they pair
+        assert by_name[f"train {phase} lp verify s0"].after == (
+            "export Distill lp verify s0",
+            "teacher vectors mined",
+        )
     study_headline.run_headline(args, fake_run, verify=True)
     graph_stages = [stage.name for stage in graph]
-    after_graph = fake_run.stages[4 + len(graph_stages) :]
+    after_graph = fake_run.stages[2 + len(graph_stages) :]
     assert not [s for s in after_graph if s.startswith(("train", "export", "evaluate"))]
     for stage, argv in fake_run.calls:
         if "caliber_jax.export" in argv:
@@ -551,6 +563,21 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
     assert len(fake_graph.graphs) == 1
+    # With the data and the references done, the twin (trained again here) runs alone.
+    (out / "Distill_lp_verify_s0" / "summary.json").unlink()
+    (out / "Mined_lp_verify_s0" / "summary.json").unlink()
+    study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
+                              run_graph=fake_graph)  # fmt: skip
+    rerun = {stage.name: stage for stage in fake_graph.graphs[-1]}
+    assert list(rerun) == ["train Distill lp verify s0", "teacher vectors mined",
+                           "train Mined lp verify s0"]  # fmt: skip
+    assert not rerun["train Distill lp verify s0"].alone  # the vectors stage could pair with it
+    (out / "Distill_lp_verify_s0" / "summary.json").unlink()  # nothing else left: alone
+    study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
+                              run_graph=fake_graph)  # fmt: skip
+    assert [(s.name, s.alone) for s in fake_graph.graphs[-1]] == [
+        ("train Distill lp verify s0", True)
+    ]
 
 
 def test_beyond_pairs_the_twins_then_the_phases_and_reports_against_late800(tmp_path, monkeypatch):
@@ -611,11 +638,11 @@ def test_verify_and_long_step_counts_of_the_twin_and_late():
     count = {v: round(c.num_epochs * c.prepare.max_passages / c.batch_size) if
              c.prepare.max_passages else round(c.num_epochs * 20000 / c.batch_size)
              for v, c in steps.items()}  # fmt: skip
-    assert count == {"distill,verify": 300, "late,verify": 150, "distill": 2000, "late": 400}
+    assert count == {"distill,verify": 200, "late,verify": 100, "distill": 2000, "late": 400}
     # The mined phases count steps, not epochs: their data has as many passages as get a question.
     assert {v: headline.get_config(v).total_steps for v in
             ("mined", "minednum", "mined,verify", "minednum,verify", "late", "distill")} == {
-        "mined": 800, "minednum": 800, "mined,verify": 150, "minednum,verify": 150, "late": 0,
+        "mined": 800, "minednum": 800, "mined,verify": 100, "minednum,verify": 100, "late": 0,
         "distill": 0}  # fmt: skip
 
 
