@@ -28,12 +28,11 @@ report go to `--record` (default docs/study_headline[_verify]/), since run folde
 their machine.
 """
 
-import dataclasses
 import functools
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -318,13 +317,6 @@ class StudyGraph:
                                        f"--label={label}", *common, f"--output={path}"],
                  after, done=path.is_file())  # fmt: skip
         return path
-
-    def alone_if_unpaired(self, name: str) -> None:
-        """Marks stage `name` `alone` (every core, nothing beside it) when no other stage could
-        start beside it: every other one waits on something."""
-        if all(stage.after for stage in self.stages if stage.name != name):
-            self.stages = [dataclasses.replace(stage, alone=True) if stage.name == name else stage
-                           for stage in self.stages]  # fmt: skip
 
     def run(self, args, times: dict[str, float], run_graph: GraphFn | None = None) -> None:
         """Runs what is left (`run_graph`, default `stages.run_stages` with `args.jobs` at a
@@ -784,62 +776,69 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     (FinanceBench + the NumGap test set), with the stages that do not wait on each other side
     by side (`args.jobs` at a time, each pinned to its share of the cores: two one-core
     trainings did ~1.4x the work of one two-core training, docs/benchmarks_history.md,
-    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twin data and
-    its teacher vectors come first. The twins of several seeds train together, after the phases'
-    data (one stage at a time); a single twin trains beside the phases' data and teacher vectors
-    (a phase's data reuses the twin data's vectors where texts repeat) and, at the verification
-    size, the scoring of the Teacher and plain all-MiniLM-L6-v2, then the fitted start; it trains
-    alone on every core only when nothing is left to run beside it. The report (`run_headline`)
-    finds those scores done. Each stage skips what is done. `run_graph(stages, times)` runs the
-    graph (default `stages.run_stages`)."""
+    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twins of
+    several seeds train together, after the data and teacher vectors (one stage at a time, on
+    every core). A single twin trains alone on every core, as every later training waits for it,
+    and the stages before it pair up: the twin's data and the phases' data side by side, then
+    the twin data's teacher vectors beside (at the verification size) the Teacher's and plain
+    all-MiniLM-L6-v2's scoring, then the phases' vectors (a phase's data reuses the twin data's
+    vectors where texts repeat); the report (`run_headline`) finds those scores done. Each stage
+    skips what is done. `run_graph(stages, times)` runs the graph (default
+    `stages.run_stages`)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
     record = record_dir(args, name)
     seeds = [int(s) for s in args.seeds.split(",")]
+    one = len(seeds) == 1
     times: dict[str, float] = {}
-    prepared(args, run, data, size.replace(",", ":"), times)
-    data_stages: dict[str, dict[str, list[str]]] = {}  # folder -> stage -> argv
+    twin_labels = {seed: distill_label(seed, verify=verify) for seed in seeds}
+    phase_labels = {(seed, variant): late_label(seed, verify=verify, variant=variant)
+                    for seed in seeds for variant in variants}  # fmt: skip
+
+    def untrained(labels: Iterable[str]) -> list[str]:
+        return [label for label in labels
+                if not (out / evaluate.slug(label) / "summary.json").is_file()]  # fmt: skip
+
+    # (folder, label of its stages, variant of its config, the trainings that need it)
+    folders = [
+        ("data", "", size.replace(",", ":"), [*twin_labels.values(), *phase_labels.values()])
+    ]
     for folder in dict.fromkeys(phase_data(variant) for variant in variants):
         first = next(variant for variant in variants if phase_data(variant) == folder)
-        phase_args = stage_args(args, out / folder, f":{first}{size}")
-        phase = folder.removeprefix("data_")
-        data_stages[folder] = {
-            f"prepare {phase}": ["-m", "caliber_jax.prepare", *phase_args],
-            f"teacher vectors {phase}": ["-m", "caliber_jax.embed_teacher", *phase_args,
-                                         f"--reuse_from={data}"],
-        }  # fmt: skip
-        if len(seeds) > 1:  # before the twins, which take every core
-            for stage, argv in data_stages[folder].items():
-                if stage.startswith("teacher") or not (out / folder / "stats.json").is_file():
-                    run(stage, argv, times)
+        needed = [label for (_, v), label in phase_labels.items() if phase_data(v) == folder]
+        folders.append((folder, f" {folder.removeprefix('data_')}", f":{first}{size}", needed))
+    graph = StudyGraph(out)
+    ready: dict[str, list[str]] = {}  # folder -> the stages its trainings wait on
+    for folder, tag, variant, needed in folders:
+        folder_args = stage_args(args, out / folder, variant)
+        reuse = [] if folder == "data" else [f"--reuse_from={data}"]
+        prepare_argv = ["-m", "caliber_jax.prepare", *folder_args]
+        vectors_argv = ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse]
+        prepared_already = (out / folder / "stats.json").is_file()
+        if not one:  # before the twins, which take every core, one stage at a time
+            if not prepared_already:
+                run(f"prepare{tag}", prepare_argv, times)
+            run(f"teacher vectors{tag}", vectors_argv, times)
+        elif untrained(needed):  # in the graph, before the twin; done once its trainings are
+            stage = graph.add(f"prepare{tag}", prepare_argv, (), done=prepared_already)
+            ready[folder] = [graph.add(f"teacher vectors{tag}", vectors_argv,
+                                       [stage, *ready.get("data", [])], done=False)]  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
-    graph = StudyGraph(out)
 
     def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         graph.score(label, model, path, [*extra, *test_common], after)
 
-    # Priority is list order: trainings first, so that two of them pair up; scoring fills in.
-    twins = {seed: graph.train(distill_label(seed, verify=verify),
-                               stage_args(args, data, f":distill{size}"), seed)
-             for seed in seeds}  # fmt: skip
-    starts = {seed: graph.export(distill_label(seed, verify=verify), workdir, stage)
+    # Priority is list order: the data first, then trainings, so that two of them pair up;
+    # scoring fills in.
+    twins = {seed: graph.train(label, stage_args(args, data, f":distill{size}"), seed,
+                               ready.get("data", []), alone=one)
+             for seed, label in twin_labels.items()}  # fmt: skip
+    starts = {seed: graph.export(twin_labels[seed], workdir, stage)
               for seed, (stage, workdir) in twins.items()}  # fmt: skip
-    phase_labels = {(seed, variant): late_label(seed, verify=verify, variant=variant)
-                    for seed in seeds for variant in variants}  # fmt: skip
-    ready: dict[str, list[str]] = {}  # folder -> the data stages its phases wait on
-    for folder, stages in data_stages.items():
-        pending = [label for (_, variant), label in phase_labels.items()
-                   if phase_data(variant) == folder
-                   and not (out / evaluate.slug(label) / "summary.json").is_file()]  # fmt: skip
-        if len(seeds) == 1 and pending:  # beside the single twin; done once its phases are
-            (prepare, prepare_argv), (vectors, vectors_argv) = stages.items()
-            prepared_stage = graph.add(prepare, prepare_argv, (),
-                                       done=(out / folder / "stats.json").is_file())  # fmt: skip
-            ready[folder] = [graph.add(vectors, vectors_argv, [prepared_stage], done=False)]
     phases = {}
     for (seed, variant), label in phase_labels.items():
         stage, hf = starts[seed]
@@ -851,12 +850,13 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                for label, (stage, workdir) in phases.items()}  # fmt: skip
     for seed in seeds:
         stage, hf = starts[seed]
-        score(distill_label(seed, verify=verify), hf, [stage])
+        score(twin_labels[seed], hf, [stage])
     for label, (stage, hf) in exports.items():
         score(label, hf, [stage])
-    if verify:  # the report's references, scored here so they pair with the trainings
-        score("Teacher", mpnet_teacher(), (), "--backend=torch")
-        score(PLAIN_VERIFY, Path(demo.minilm_dir()))
+    if verify:  # the report's references, scored here so they pair with the data stages
+        # After the twin data (its NumGap test set); a prerequisite that is done is dropped.
+        score("Teacher", mpnet_teacher(), ["prepare"], "--backend=torch")
+        score(PLAIN_VERIFY, Path(demo.minilm_dir()), ["prepare"])
         seed = seeds[0]
         start_label = f"Initial lp verify s{seed}"
         twin_stage, twin = twins[seed]
@@ -868,8 +868,6 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             "--interpolate=0",
         )
         score(start_label, hf, [stage])
-    if len(seeds) == 1:
-        graph.alone_if_unpaired(twins[seeds[0]][0])
     graph.run(args, times, run_graph)
     graph.record(record)
     for stage_name, seconds in times.items():

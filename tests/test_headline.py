@@ -391,10 +391,9 @@ class FakeGraph:
 
 def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     """`--preset headline-late` with each stage replaced by what it writes: the late data is
-    prepared once with the teacher vectors of the headline data reused, beside the distilled
-    twin (so the twin is not alone), which is exported, the late run starts from that export
-    with `:late` once its data is there, and both are scored on the recorded test set into the
-    headline's results; a rerun repeats nothing."""
+    prepared once with the teacher vectors of the headline data reused, the distilled twin
+    trains alone and is exported, the late run starts from that export with `:late`, and both are
+    scored on the recorded test set into the headline's results; a rerun repeats nothing."""
     import argparse
 
     import study_headline
@@ -410,12 +409,12 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
                               run_graph=fake_graph)  # fmt: skip
     argv = fake_run.argv()
     assert fake_run.stages == [
-        "teacher vectors", "train Distill lp long s0", "export Distill lp long s0",
-        "prepare late", "teacher vectors late", "train Late lp long s0", "export Late lp long s0",
+        "teacher vectors", "prepare late", "teacher vectors late", "train Distill lp long s0",
+        "export Distill lp long s0", "train Late lp long s0", "export Late lp long s0",
         "evaluate Distill lp long s0", "evaluate Late lp long s0",
     ]  # fmt: skip
     (graph,) = fake_graph.graphs
-    assert not any(stage.alone for stage in graph)
+    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp long s0"]
     assert {s.name: s.after for s in graph}["train Late lp long s0"] == (
         "export Distill lp long s0", "teacher vectors late")  # fmt: skip
     assert f"--reuse_from={out / 'data'}" in argv["teacher vectors late"]
@@ -428,7 +427,7 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     fake_run.calls.clear()
     study_headline.run_phases(args, fake_run, variants=("late",), verify=False,
                               run_graph=fake_graph)  # fmt: skip
-    assert fake_run.stages == ["teacher vectors"]
+    assert fake_run.stages == []
     assert len(fake_graph.graphs) == 1
 
 
@@ -451,8 +450,8 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
                               run_graph=FakeGraph(fake_run))  # fmt: skip
     argv = fake_run.argv()
     assert fake_run.stages[:7] == [
-        "prepare", "teacher vectors", "train Distill lp verify s0", "export Distill lp verify s0",
-        "prepare late", "teacher vectors late", "train Late lp verify s0",
+        "prepare", "teacher vectors", "prepare late", "teacher vectors late",
+        "train Distill lp verify s0", "export Distill lp verify s0", "train Late lp verify s0",
     ]  # fmt: skip
     assert any(a.endswith("configs/headline.py:verify") for a in argv["prepare"])
     assert any(a.endswith(":distill,verify") for a in argv["train Distill lp verify s0"])
@@ -467,13 +466,14 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
 def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     tmp_path, monkeypatch
 ):
-    """`--preset headline-verify` end to end with each stage replaced by what it writes: the
-    twin's data and teacher vectors first; then one graph: the twin on its share of the cores
-    beside the mined data, its teacher vectors and the teacher's and plain MiniLM's scoring, the
-    mined and mined + numeric phases from its export once their data is there (free to pair),
-    every model scored on the verify test set, the fitted start exported at interpolate 0; the
-    report finds them done and puts every row in one table. Once the data and the references are
-    done, a rerun of the twin alone gets every core."""
+    """`--preset headline-verify` end to end with each stage replaced by what it writes, as one
+    graph: the twin's data and the mined data side by side, the twin data's teacher vectors, then
+    the mined data's (reusing them); the twin alone on every core; the mined and mined + numeric
+    phases from its export once their data is there (free to pair); every model scored on the
+    verify test set, the teacher and plain MiniLM as soon as the test set exists, the fitted
+    start exported at interpolate 0; the report finds them done and puts every row in one table.
+    Scheduled with the runner's own rule at the stage times measured on 2 cores, the teacher's
+    scoring runs beside the teacher vectors and the twin starts with nothing left beside it."""
     import argparse
 
     import fetch_mpnet
@@ -503,31 +503,45 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     fake_graph = FakeGraph(fake_run)
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
-    assert fake_run.stages[:2] == ["prepare", "teacher vectors"]
     (graph,) = fake_graph.graphs
+    assert fake_run.stages[: len(graph)] == [stage.name for stage in graph]
     by_name = {stage.name: stage for stage in graph}
     assert [stage.name for stage in graph] == [
-        "train Distill lp verify s0", "export Distill lp verify s0", "prepare mined",
-        "teacher vectors mined", "train Mined lp verify s0", "train Minednum lp verify s0",
-        "export Mined lp verify s0", "export Minednum lp verify s0",
-        "evaluate Distill lp verify s0", "evaluate Mined lp verify s0",
-        "evaluate Minednum lp verify s0", "evaluate Teacher", "evaluate Plain MiniLM",
-        "export Initial lp verify s0", "evaluate Initial lp verify s0",
+        "prepare", "teacher vectors", "prepare mined", "teacher vectors mined",
+        "train Distill lp verify s0", "export Distill lp verify s0", "train Mined lp verify s0",
+        "train Minednum lp verify s0", "export Mined lp verify s0",
+        "export Minednum lp verify s0", "evaluate Distill lp verify s0",
+        "evaluate Mined lp verify s0", "evaluate Minednum lp verify s0", "evaluate Teacher",
+        "evaluate Plain MiniLM", "export Initial lp verify s0", "evaluate Initial lp verify s0",
     ]  # fmt: skip
-    assert not any(stage.alone for stage in graph)  # the mined data and references beside it
-    free = [stage.name for stage in graph if not stage.after]
-    assert free == ["train Distill lp verify s0", "prepare mined", "evaluate Teacher",
-                    "evaluate Plain MiniLM"]  # fmt: skip
-    assert by_name["teacher vectors mined"].after == ("prepare mined",)
+    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
+    assert [stage.name for stage in graph if not stage.after] == ["prepare", "prepare mined"]
+    assert by_name["teacher vectors mined"].after == ("prepare mined", "teacher vectors")
     assert f"--reuse_from={out / 'data'}" in by_name["teacher vectors mined"].args
+    assert by_name["train Distill lp verify s0"].after == ("teacher vectors",)
+    assert by_name["evaluate Teacher"].after == ("prepare",)
     for phase in ("Mined", "Minednum"):  # both wait for the twin and the data only: they pair
         assert by_name[f"train {phase} lp verify s0"].after == (
-            "export Distill lp verify s0",
-            "teacher vectors mined",
-        )
+            "export Distill lp verify s0", "teacher vectors mined")  # fmt: skip
+    seconds = {"prepare": 40, "teacher vectors": 420, "prepare mined": 106,
+               "teacher vectors mined": 80, "train Distill lp verify s0": 450,
+               "evaluate Teacher": 337, "train Mined lp verify s0": 810,
+               "train Minednum lp verify s0": 810}  # fmt: skip
+    spans = _schedule(graph, {name: seconds.get(name, 3 if name.startswith("export") else 52)
+                              for name in by_name}, jobs=2)  # fmt: skip
+    assert spans["prepare mined"][0] == 0 and spans["prepare"][0] == 0
+    teacher, vectors = spans["evaluate Teacher"], spans["teacher vectors"]
+    assert teacher[0] < vectors[1] and vectors[0] < teacher[1]  # side by side
+    twin = spans["train Distill lp verify s0"]
+    assert all(end <= twin[0] or start >= twin[1] for name, (start, end) in spans.items()
+               if name != "train Distill lp verify s0")  # fmt: skip
+    assert spans["train Mined lp verify s0"][0] == spans["train Minednum lp verify s0"][0]
+    # After the phases only their own exports and the last scorings remain (two rounds).
+    phases_end = max(spans[f"train {p} lp verify s0"][1] for p in ("Mined", "Minednum"))
+    assert max(end for _, end in spans.values()) - phases_end <= 2 * 3 + 2 * 52
     study_headline.run_headline(args, fake_run, verify=True)
     graph_stages = [stage.name for stage in graph]
-    after_graph = fake_run.stages[2 + len(graph_stages) :]
+    after_graph = fake_run.stages[len(graph_stages) :]
     assert not [s for s in after_graph if s.startswith(("train", "export", "evaluate"))]
     for stage, argv in fake_run.calls:
         if "caliber_jax.export" in argv:
@@ -563,21 +577,32 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
     assert len(fake_graph.graphs) == 1
-    # With the data and the references done, the twin (trained again here) runs alone.
+    # A twin and a phase trained again (their data done): the vectors first, the twin alone.
     (out / "Distill_lp_verify_s0" / "summary.json").unlink()
     (out / "Mined_lp_verify_s0" / "summary.json").unlink()
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
     rerun = {stage.name: stage for stage in fake_graph.graphs[-1]}
-    assert list(rerun) == ["train Distill lp verify s0", "teacher vectors mined",
-                           "train Mined lp verify s0"]  # fmt: skip
-    assert not rerun["train Distill lp verify s0"].alone  # the vectors stage could pair with it
-    (out / "Distill_lp_verify_s0" / "summary.json").unlink()  # nothing else left: alone
-    study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
-                              run_graph=fake_graph)  # fmt: skip
-    assert [(s.name, s.alone) for s in fake_graph.graphs[-1]] == [
-        ("train Distill lp verify s0", True)
-    ]
+    assert list(rerun) == ["teacher vectors", "teacher vectors mined",
+                           "train Distill lp verify s0", "train Mined lp verify s0"]  # fmt: skip
+    assert rerun["train Distill lp verify s0"].alone
+
+
+def _schedule(graph, seconds: dict[str, float], jobs: int) -> dict[str, tuple[float, float]]:
+    """(start, end) of each stage when `graph` runs with `stages.startable`'s rule, `jobs` at a
+    time, each stage taking `seconds[name]`."""
+    from stages import startable
+
+    pending, running, spans, now = list(graph), {}, {}, 0.0
+    while pending or running:
+        ready = [s for s in pending if all(a in spans and spans[a][1] <= now for a in s.after)]
+        for stage in startable(ready, list(running.values()), jobs):
+            pending.remove(stage)
+            running[stage.name] = stage
+            spans[stage.name] = (now, now + seconds[stage.name])
+        now = min(spans[name][1] for name in running)
+        running = {name: s for name, s in running.items() if spans[name][1] > now}
+    return spans
 
 
 def test_beyond_pairs_the_twins_then_the_phases_and_reports_against_late800(tmp_path, monkeypatch):
