@@ -28,9 +28,9 @@ at most 3 row counts, gradients and update in one program per row count; the rec
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
 Variant `verify`: the same recipe at a size two CPU cores run in about half an hour from a fresh
-clone (teacher vectors included; issue #57): 1,600 training passages that get a mined question,
-200 steps, a 260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps
-(`--preset headline-verify` runs the twin, then mined and minednum side by side, at this size).
+clone (teacher vectors included; issue #57): 1,600 passages, 200 steps, a 260-record NumGap test
+set; with `late`, `mined` or `minednum`, 100 steps (`--preset headline-verify` runs the twin, then
+mined and minednum side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
@@ -154,10 +154,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.prepare.mined_dev = 150
         config.prepare.max_passages = 1600
         config.prepare.max_val_passages = 128
-        # Every verification-size run trains on passages that get a mined question (the twin
-        # as well as the phases), so the phases' data reuses the twin data's teacher vectors of
-        # x and of the questions (`embed_teacher --reuse_from`): only pi(x) differs.
-        config.prepare.queries_only = True
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
         config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}
         # 50 steps per epoch at batch 32. The sizes are issue #57's budget (the preset in about

@@ -778,13 +778,12 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     trainings did ~1.4x the work of one two-core training, docs/benchmarks_history.md,
     2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twins of
     several seeds train together, after the data and teacher vectors (one stage at a time, on
-    every core). A single twin trains alone on every core, as every later training waits for it,
-    and the stages before it pair up: the twin's data and the phases' data side by side, then
-    the twin data's teacher vectors beside (at the verification size) the Teacher's and plain
-    all-MiniLM-L6-v2's scoring, then the phases' vectors (a phase's data reuses the twin data's
-    vectors where texts repeat); the report (`run_headline`) finds those scores done. Each stage
-    skips what is done. `run_graph(stages, times)` runs the graph (default
-    `stages.run_stages`)."""
+    every core; a phase's data reuses the twin data's vectors of equal texts). A single twin
+    trains alone on every core, as every later training waits for it, and the stages before it
+    pair up: the twin's data and vectors beside the phases' data and vectors and (at the
+    verification size) the Teacher's and plain all-MiniLM-L6-v2's scoring, which the report
+    (`run_headline`) then finds done. Each stage skips what is done. `run_graph(stages, times)`
+    runs the graph (default `stages.run_stages`)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
@@ -813,7 +812,9 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     ready: dict[str, list[str]] = {}  # folder -> the stages its trainings wait on
     for folder, tag, variant, needed in folders:
         folder_args = stage_args(args, out / folder, variant)
-        reuse = [] if folder == "data" else [f"--reuse_from={data}"]
+        # One stage at a time, a phase's data reuses the twin data's vectors of equal texts;
+        # in the graph the two are written side by side, so each embeds its own.
+        reuse = [] if folder == "data" or one else [f"--reuse_from={data}"]
         prepare_argv = ["-m", "caliber_jax.prepare", *folder_args]
         vectors_argv = ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse]
         prepared_already = (out / folder / "stats.json").is_file()
@@ -823,8 +824,8 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             run(f"teacher vectors{tag}", vectors_argv, times)
         elif untrained(needed):  # in the graph, before the twin; done once its trainings are
             stage = graph.add(f"prepare{tag}", prepare_argv, (), done=prepared_already)
-            ready[folder] = [graph.add(f"teacher vectors{tag}", vectors_argv,
-                                       [stage, *ready.get("data", [])], done=False)]  # fmt: skip
+            ready[folder] = [graph.add(f"teacher vectors{tag}", vectors_argv, [stage],
+                                       done=False)]  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
 
@@ -832,8 +833,13 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
         graph.score(label, model, path, [*extra, *test_common], after)
 
-    # Priority is list order: the data first, then trainings, so that two of them pair up;
-    # scoring fills in.
+    # Priority is list order: the data first; at the verification size the report's references
+    # next (after the twin data: its NumGap test set), so that they fill the cores the data
+    # stages leave rather than wait for the phases; then the trainings, so that two of them pair
+    # up; the other scorings fill in.
+    if verify:
+        score("Teacher", mpnet_teacher(), ["prepare"], "--backend=torch")
+        score(PLAIN_VERIFY, Path(demo.minilm_dir()), ["prepare"])
     twins = {seed: graph.train(label, stage_args(args, data, f":distill{size}"), seed,
                                ready.get("data", []), alone=one)
              for seed, label in twin_labels.items()}  # fmt: skip
@@ -853,10 +859,7 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
         score(twin_labels[seed], hf, [stage])
     for label, (stage, hf) in exports.items():
         score(label, hf, [stage])
-    if verify:  # the report's references, scored here so they pair with the data stages
-        # After the twin data (its NumGap test set); a prerequisite that is done is dropped.
-        score("Teacher", mpnet_teacher(), ["prepare"], "--backend=torch")
-        score(PLAIN_VERIFY, Path(demo.minilm_dir()), ["prepare"])
+    if verify:
         seed = seeds[0]
         start_label = f"Initial lp verify s{seed}"
         twin_stage, twin = twins[seed]
