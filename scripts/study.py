@@ -118,10 +118,10 @@ The student above is a 3-layer cut trained for a few dozen steps on 256 passages
 numbers its teacher does not, but it retrieves far below its teacher. The same objective at a size
 where the student also retrieves well (all-mpnet-base-v2 teacher, all-MiniLM-L6-v2 + W_out student):
   python scripts/study.py --preset headline-verify --filings FILINGS
-(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 52 minutes from a fresh clone
-on 2 CPU cores (2026-11-29, commit f3bf847): mined questions lift the distilled student's
-FinanceBench nDCG@10 to 0.593 against its twin's 0.548, and with the numeric objective as well
-NumGap-D reaches 0.112 against its teacher's 0.004 (docs/study_mined_verify/, docs/results.md).
+(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 40 minutes from a fresh clone
+on 2 CPU cores (2026-11-29, commit 1b3b886): mined questions lift the distilled student's
+FinanceBench nDCG@10 to 0.591 against its twin's 0.551, and with the numeric objective as well
+NumGap-D reaches 0.112 against its teacher's 0.004 (docs/study_verify/, docs/results.md).
 The full numeric recipe (`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches
 nDCG@10 0.608 at NumGap-D 0.381 (docs/study_headline/); the paper's own setting
 (Qwen3-Embedding-0.6B student, 8B teacher, GPU) is configs/caliber.py."""
@@ -271,6 +271,8 @@ def main() -> None:
         if args.preset == "headline-beyond" and args.record is None:
             # Its twins share names with the Late800 study's (docs/study_headline/): own records.
             args.record = str(study_headline.BEYOND_RECORD)
+        if verify and args.record is None:  # its rows share names with earlier verify studies'
+            args.record = str(study_headline.VERIFY_RECORD)
         if verify or args.preset == "headline-beyond":
             # The phases from the twin(s), trainings side by side, then the one report.
             study_headline.mpnet_teacher()

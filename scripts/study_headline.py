@@ -3,7 +3,7 @@
     python scripts/study.py --preset headline --seeds 0,1 \
         --filings ../shared/data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
-        --filings ../shared/data/financebench/filings.jsonl.gz          # < 2 h on 2 CPU cores
+        --filings ../shared/data/financebench/filings.jsonl.gz          # ~40 min on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
         --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
@@ -642,6 +642,9 @@ def run_late_blend(args, run: RunFn) -> None:
 VERIFY_PHASES = ("mined", "minednum")
 BEYOND_PHASES = VERIFY_PHASES
 BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`
+# `--preset headline-verify`'s default `--record` since its 2026-11-29 size (twin 200 steps,
+# phases 100); docs/study_mined_verify/ keeps the earlier size's (300 and 150 steps).
+VERIFY_RECORD = REPO / "docs" / "study_verify"
 # The full-size rows `--preset headline-beyond` compares with that it does not train again: the
 # late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
 LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)
