@@ -215,14 +215,17 @@ def eval_args(args, numgap_path: Path) -> list[str]:
             f"--max_length={EVAL_MAX_LENGTH}", "--tasks=financebench,numgap"]  # fmt: skip
 
 
-def prepared(args, run: RunFn, data: Path, variant: str = "", times: dict | None = None) -> None:
-    """The headline's prepared data and its teacher vectors (each stage skips what is done);
-    `times` gathers their seconds."""
+def prepared(args, run: RunFn, data: Path, variant: str = "", times: dict | None = None, *,
+             tag: str = "", reuse_from: Path | None = None) -> None:  # fmt: skip
+    """The prepared data in `data` and its teacher vectors, one stage after the other ("prepare"
+    and "teacher vectors" + `tag`; each skips what is done), the vectors of texts already in
+    `reuse_from`'s stores copied; `times` gathers their seconds."""
     times = {} if times is None else times
+    common = stage_args(args, data, variant)
     if not (data / "stats.json").is_file():
-        run("prepare", ["-m", "caliber_jax.prepare", *stage_args(args, data, variant)], times)
-    run("teacher vectors", ["-m", "caliber_jax.embed_teacher", *stage_args(args, data, variant)],
-        times)  # fmt: skip
+        run(f"prepare{tag}", ["-m", "caliber_jax.prepare", *common], times)
+    reuse = [f"--reuse_from={reuse_from}"] if reuse_from else []
+    run(f"teacher vectors{tag}", ["-m", "caliber_jax.embed_teacher", *common, *reuse], times)
 
 
 def add_times(state_path: Path, times: dict[str, float]) -> None:
@@ -711,11 +714,7 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     record = record_dir(args, name)
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
-    mined_args = stage_args(args, mined, f":mined{size}")
-    if not (mined / "stats.json").is_file():
-        run("prepare mined", ["-m", "caliber_jax.prepare", *mined_args], times)
-    run("teacher vectors mined", ["-m", "caliber_jax.embed_teacher", *mined_args,
-                                  f"--reuse_from={data}"], times)  # fmt: skip
+    prepared(args, run, mined, f":mined{size}", times, tag=" mined", reuse_from=data)
     folder = out / "mined_pilots"
     dev_common = [f"--financebench={mined / 'mined_dev.jsonl'}",
                   f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
@@ -814,21 +813,18 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     graph = StudyGraph(out)
     ready: dict[str, list[str]] = {}  # folder -> the stages its trainings wait on
     for folder, tag, variant, needed in folders:
-        folder_args = stage_args(args, out / folder, variant)
-        # One stage at a time, a phase's data reuses the twin data's vectors of equal texts;
-        # in the graph the two are written side by side, so each embeds its own.
-        reuse = [] if folder == "data" or one else [f"--reuse_from={data}"]
-        prepare_argv = ["-m", "caliber_jax.prepare", *folder_args]
-        vectors_argv = ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse]
-        prepared_already = (out / folder / "stats.json").is_file()
-        if not one:  # before the twins, which take every core, one stage at a time
-            if not prepared_already:
-                run(f"prepare{tag}", prepare_argv, times)
-            run(f"teacher vectors{tag}", vectors_argv, times)
+        if not one:  # before the twins, which take every core, one stage at a time; a phase's
+            # data reuses the twin data's vectors of equal texts
+            prepared(args, run, out / folder, variant, times, tag=tag,
+                     reuse_from=None if folder == "data" else data)  # fmt: skip
         elif untrained(needed):  # in the graph, before the twin; done once its trainings are
-            stage = graph.add(f"prepare{tag}", prepare_argv, (), done=prepared_already)
-            ready[folder] = [graph.add(f"teacher vectors{tag}", vectors_argv, [stage],
-                                       done=False)]  # fmt: skip
+            # (side by side with the twin data's vectors, so each folder embeds its own)
+            folder_args = stage_args(args, out / folder, variant)
+            stage = graph.add(f"prepare{tag}", ["-m", "caliber_jax.prepare", *folder_args], (),
+                              done=(out / folder / "stats.json").is_file())  # fmt: skip
+            ready[folder] = [graph.add(f"teacher vectors{tag}",
+                                       ["-m", "caliber_jax.embed_teacher", *folder_args],
+                                       [stage], done=False)]  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
 
