@@ -119,7 +119,8 @@ numbers its teacher does not, but it retrieves far below its teacher. The same o
 where the student also retrieves well (all-mpnet-base-v2 teacher, all-MiniLM-L6-v2 + W_out student):
   python scripts/study.py --preset headline-verify --filings FILINGS
 (FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 40 minutes from a fresh clone
-on 2 CPU cores (2026-11-29, commit 1b3b886): mined questions lift the distilled student's
+on 2 CPU cores (2026-11-29, commit 1b3b886; XLA's compile cache warm from earlier runs, so a first
+run on a new machine adds its compiles): mined questions lift the distilled student's
 FinanceBench nDCG@10 to 0.591 against its twin's 0.551, and with the numeric objective as well
 NumGap-D reaches 0.112 against its teacher's 0.004 (docs/study_verify/, docs/results.md).
 The full numeric recipe (`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches
