@@ -30,6 +30,7 @@ their machine.
 
 import functools
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -109,18 +110,6 @@ BLEND_SHARES = (0.5, 0.6, 0.7, 0.8)
 def blend_label(share: float | None, seed: int) -> str:
     """ "Blend800 a0.8 s0" for a candidate share; "Blend800 lp long s0" for the chosen one."""
     return f"Blend800 lp long s{seed}" if share is None else f"Blend800 a{share:g} s{seed}"
-
-
-def scored_once(run: RunFn, times: dict[str, float], out: Path, record: Path | None,
-                label: str, hf: Path, path: Path, common: list[str]) -> dict:  # fmt: skip
-    """`label`'s results at `path`: `caliber_jax.evaluate` of `hf` with `common` unless they are
-    there already, recorded, loaded."""
-    if not path.is_file():
-        run(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={hf}",
-                                  f"--label={label}", *common, f"--output={path}"],
-            times)  # fmt: skip
-    record_file(path, out, record)
-    return load_results(path.parent)
 
 
 def chosen_on_dev(
@@ -302,15 +291,30 @@ class StudyGraph:
                          alone=alone)  # fmt: skip
         return stage, workdir
 
-    def export(self, label: str, workdir: Path, after: str, hf: Path | None = None,
-               *extra: str) -> tuple[str, Path]:  # fmt: skip
-        """`caliber_jax.export` of `workdir` into `hf` (default workdir/hf) with `extra` flags;
-        returns (stage, hf)."""
+    def export(self, label: str, workdir: Path, after: str | Sequence[str],
+               hf: Path | None = None, *extra: str) -> tuple[str, Path]:  # fmt: skip
+        """`caliber_jax.export` of `workdir` into `hf` (default workdir/hf) with `extra` flags,
+        after the stage(s) `after`; returns (stage, hf)."""
         hf = hf or workdir / "hf"
         stage = self.add(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                             f"--output={hf}", *extra], [after],
+                                             f"--output={hf}", *extra],
+                         [after] if isinstance(after, str) else after,
                          done=(hf / "modules.json").is_file())  # fmt: skip
         return stage, hf
+
+    def blend(self, label: str, workdir: Path, after: str | Sequence[str], hf: Path,
+              result: Path, made_with: dict[str, object]) -> tuple[str, Path]:  # fmt: skip
+        """A weight-space blend of `workdir` exported into `hf` (`export` with the flags
+        `made_with`: "interpolate" and optionally "blend_with"), its export and its score
+        `result` dropped first when the directory holds another blend: the export's record
+        (`caliber_export.json`, written last) names the blend it made."""
+        done = hf / "caliber_export.json"
+        found = json.loads(done.read_text()) if done.is_file() else {}
+        if any(found.get(key) != value for key, value in made_with.items()):
+            result.unlink(missing_ok=True)  # scored on other weights
+            shutil.rmtree(hf, ignore_errors=True)
+        flags = [f"--{key}={value}" for key, value in made_with.items()]
+        return self.export(label, workdir, after, hf, *flags)
 
     def score(self, label: str, model: Path, path: Path, common: list[str],
               after: Sequence[str] = ()) -> Path:  # fmt: skip
@@ -506,13 +510,15 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
         print(line)
 
 
-def run_soup(args, run: RunFn) -> None:
+def run_soup(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     """Per seed: the headline student (trained by `--preset headline` when missing) and its
     distillation-only twin (`configs/headline.py:distill`), blended at each of `SOUP_SHARES`,
     every blend scored on NumGap dev and FinanceBench; the share is chosen on seed 0's dev D alone
     (`choose_share`; seed 0 always runs), exported as "Soup lp long s<seed>" and scored like the
     headline students (FinanceBench + the recorded NumGap test set) into the headline's results,
-    so `--preset headline` puts it in the main table. Report: `<output>/soup/soup.md`."""
+    so `--preset headline` puts it in the main table. Report: `<output>/soup/soup.md`. The
+    trainings, blends and scorings before the choice are one stage graph and those after it
+    another (`StudyGraph`, `run_graph`), so that blends export and score side by side."""
     out = Path(args.output or "runs/headline").resolve()
     data = out / "data"
     record = record_dir(args, "headline")
@@ -520,39 +526,24 @@ def run_soup(args, run: RunFn) -> None:
     prepared(args, run, data)
     soup = out / "soup"
     dev_path = data / "numgap_dev.jsonl"
-    dev_common = eval_args(args, dev_path)
     times: dict[str, float] = {}
-
-    def stage(name: str, argv: list[str]) -> None:
-        run(name, argv, times)
-
-    scored = functools.partial(scored_once, run, times, out, record)
-
-    def blended(label: str, numeric: Path, distill: Path, share: float, hf: Path,
-                result: Path) -> Path:  # fmt: skip
-        """The blend's export, made again (and its score dropped) when the directory holds
-        another blend: the export's record (written last) names its share and twin."""
-        done = hf / "caliber_export.json"
-        record = json.loads(done.read_text()) if done.is_file() else {}
-        if (record.get("interpolate"), record.get("blend_with")) != (share, str(distill)):
-            result.unlink(missing_ok=True)  # scored on other weights
-            run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={numeric}",
-                                    f"--blend_with={distill}", f"--interpolate={share}",
-                                    f"--output={hf}"], times)  # fmt: skip
-        return hf
-
-    runs, dev = {}, {}
+    graph, runs, dev_paths = StudyGraph(out), {}, {}
     for seed in seeds:
-        numeric = trained(stage, out, record, stage_args(args, data),
-                          label=student_label(seed, verify=False), seed=seed)  # fmt: skip
-        distill = trained(stage, out, record, stage_args(args, data, ":distill"),
-                          label=f"Distill lp long s{seed}", seed=seed)  # fmt: skip
-        runs[seed] = (numeric, distill)
+        numeric, numeric_dir = graph.train(student_label(seed, verify=False),
+                                           stage_args(args, data), seed)  # fmt: skip
+        distill, distill_dir = graph.train(f"Distill lp long s{seed}",
+                                           stage_args(args, data, ":distill"), seed)  # fmt: skip
+        runs[seed] = (numeric_dir, distill_dir)
         for share in (0.0, *SOUP_SHARES, 1.0):
             label = soup_label(share, seed)
             path = soup / "results" / evaluate.slug(label) / "financebench+numgap.json"
-            hf = blended(label, numeric, distill, share, soup / evaluate.slug(label) / "hf", path)
-            dev[label] = scored(label, hf, path, dev_common)
+            made_with = {"interpolate": share, "blend_with": str(distill_dir)}
+            hf = soup / evaluate.slug(label) / "hf"
+            stage, hf = graph.blend(label, numeric_dir, [numeric, distill], hf, path, made_with)
+            dev_paths[label] = graph.score(label, hf, path, eval_args(args, dev_path), [stage])
+    graph.run(args, times, run_graph)
+    graph.record(record)
+    dev = {label: load_results(path.parent) for label, path in dev_paths.items()}
     # Chosen on seed 0 alone, so a later seed never changes the blend already exported.
     share, count, summary, rules = chosen_on_dev(dev, SOUP_SHARES, soup_label, dev_path)
     report = (
@@ -568,22 +559,28 @@ def run_soup(args, run: RunFn) -> None:
         print(line)
     if share is None:
         return
-    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
+    chosen = StudyGraph(out)
     for seed, (numeric, distill) in runs.items():
         label = soup_label(None, seed)
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        hf = blended(label, numeric, distill, share, out / evaluate.slug(label) / "hf", path)
-        scored(label, hf, path, test_common)
+        stage, hf = chosen.blend(label, numeric, (), out / evaluate.slug(label) / "hf", path,
+                                 {"interpolate": share, "blend_with": str(distill)})  # fmt: skip
+        chosen.score(label, hf, path, eval_args(args, LONG_RECORD / "data/numgap_test.jsonl"),
+                     [stage])  # fmt: skip
+    chosen.run(args, times, run_graph)
+    chosen.record(record)
 
 
-def run_late_blend(args, run: RunFn) -> None:
+def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     """WiSE-FT of the Late800 runs (`--preset headline-late800` trains them): per seed,
     (1 - a) x the weights the late run started from (its distilled twin's export) + a x its final
     weights (`export --interpolate`), at each share of `BLEND_SHARES`. Every seed-0 blend is
     scored on NumGap dev alone (FinanceBench is not looked at), the share is chosen by
     `choose_share` (the smallest reaching dev D 0.25), and the chosen blend of every seed is
     exported as "Blend800 lp long s<seed>" and scored like the headline students (FinanceBench +
-    the recorded NumGap test set) into the headline's results. Report: `<output>/blend800/`."""
+    the recorded NumGap test set) into the headline's results. Report: `<output>/blend800/`.
+    The blends before the choice are one stage graph and those after it another (`StudyGraph`,
+    `run_graph`)."""
     out = Path(args.output or "runs/headline").resolve()
     data = out / "data"
     record = record_dir(args, "headline")
@@ -597,26 +594,17 @@ def run_late_blend(args, run: RunFn) -> None:
     folder = out / "blend800"
     dev_path = data / "numgap_dev.jsonl"
     times: dict[str, float] = {}
-
-    def blended(label: str, workdir: Path, share: float, hf: Path, result: Path) -> Path:
-        """The blend's export, made again (and its score dropped) when the directory holds
-        another share."""
-        done = hf / "caliber_export.json"
-        if (json.loads(done.read_text()) if done.is_file() else {}).get("interpolate") != share:
-            result.unlink(missing_ok=True)  # scored on other weights
-            run(f"export {label}", ["-m", "caliber_jax.export", f"--workdir={workdir}",
-                                    f"--interpolate={share}", f"--output={hf}"], times)  # fmt: skip
-        return hf
-
-    scored = functools.partial(scored_once, run, times, out, record)
-
     dev_common = [f"--numgap={dev_path}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
-    dev = {}
+    graph, dev_paths = StudyGraph(out), {}
     for share in BLEND_SHARES:
         label = blend_label(share, 0)
         path = folder / "results" / evaluate.slug(label) / "numgap.json"
-        hf = blended(label, lates[0], share, folder / evaluate.slug(label) / "hf", path)
-        dev[label] = scored(label, hf, path, dev_common)
+        stage, hf = graph.blend(label, lates[0], (), folder / evaluate.slug(label) / "hf", path,
+                                {"interpolate": share})  # fmt: skip
+        dev_paths[label] = graph.score(label, hf, path, dev_common, [stage])
+    graph.run(args, times, run_graph)
+    graph.record(record)
+    dev = {label: load_results(path.parent) for label, path in dev_paths.items()}
     share, count, summary, rules = chosen_on_dev(dev, BLEND_SHARES, blend_label, dev_path)
     report = (
         f"# Blends (1 - a) x twin + a x Late800 (WiSE-FT): NumGap **dev** ({count} records), "
@@ -628,12 +616,16 @@ def run_late_blend(args, run: RunFn) -> None:
     print(report)
     if share is None:
         return
-    test_common = eval_args(args, LONG_RECORD / "data/numgap_test.jsonl")
+    chosen = StudyGraph(out)
     for seed, workdir in lates.items():
         label = blend_label(None, seed)
         path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        hf = blended(label, workdir, share, out / evaluate.slug(label) / "hf", path)
-        scored(label, hf, path, test_common)
+        stage, hf = chosen.blend(label, workdir, (), out / evaluate.slug(label) / "hf", path,
+                                 {"interpolate": share})  # fmt: skip
+        chosen.score(label, hf, path, eval_args(args, LONG_RECORD / "data/numgap_test.jsonl"),
+                     [stage])  # fmt: skip
+    chosen.run(args, times, run_graph)
+    chosen.record(record)
     add_times(out / "study.json", times)
 
 

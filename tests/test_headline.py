@@ -337,11 +337,22 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
                 "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
 
     fake_run = FakeStages(evaluate)
+    fake_graph = FakeGraph(fake_run)
     calls = fake_run.calls
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
                               financebench="fb.jsonl.gz")  # fmt: skip
-    study_headline.run_soup(args, fake_run)
+    study_headline.run_soup(args, fake_run, run_graph=fake_graph)
     stages = fake_run.stages
+    # Two graphs: the trainings, every candidate blend and its dev scoring (each blend waits on
+    # both runs, each scoring on its blend alone, so blends pair up); then the chosen blend.
+    dev_graph, chosen_graph = fake_graph.graphs
+    after = {stage.name: set(stage.after) for stage in dev_graph}
+    trainings = {"train Headline lp long s0", "train Distill lp long s0"}
+    for a in dev_d:
+        assert after[f"export Soup a{a:g} s0"] == trainings
+        assert after[f"evaluate Soup a{a:g} s0"] == {f"export Soup a{a:g} s0"}
+    assert [stage.name for stage in chosen_graph] == [
+        "export Soup lp long s0", "evaluate Soup lp long s0"]  # fmt: skip
     assert stages.count("train Headline lp long s0") == 1
     distill = dict(calls)["train Distill lp long s0"]
     assert any(a.endswith("configs/headline.py:distill") for a in distill)
@@ -360,13 +371,14 @@ def test_soup_blends_the_two_runs_chooses_on_dev_and_scores_the_choice_on_test(t
     assert (out / "results" / "Soup_lp_long_s0" / "financebench+numgap.json").is_file()
     assert "chosen share 0.5" in (out / "soup" / "soup.md").read_text()
     calls.clear()
-    study_headline.run_soup(args, fake_run)
+    study_headline.run_soup(args, fake_run, run_graph=fake_graph)
     assert [stage for stage, _ in calls] == ["teacher vectors"]  # a rerun repeats nothing
+    assert len(fake_graph.graphs) == 2  # and builds no graph
     # A blend directory holding another share is exported again and scored again.
     done = out / "Soup_lp_long_s0" / "hf" / "caliber_export.json"
     done.write_text(json.dumps({**json.loads(done.read_text()), "interpolate": 0.75}))
     calls.clear()
-    study_headline.run_soup(args, fake_run)
+    study_headline.run_soup(args, fake_run, run_graph=fake_graph)
     assert [stage for stage, _ in calls][1:] == [
         "export Soup lp long s0",
         "evaluate Soup lp long s0",
@@ -755,8 +767,14 @@ def test_late800_blend_chooses_the_share_on_dev_alone_and_scores_it_on_test(tmp_
                 "per_query": {"numgap": {"D": {record_id: d}}}}  # fmt: skip
 
     fake = FakeStages(evaluate)
-    study_headline.run_late_blend(args, fake)
+    fake_graph = FakeGraph(fake)
+    study_headline.run_late_blend(args, fake, run_graph=fake_graph)
     argv = fake.argv()
+    dev_graph, chosen_graph = fake_graph.graphs  # the candidates, then the chosen share's blends
+    assert all(stage.after == () for stage in dev_graph if stage.name.startswith("export "))
+    assert {stage.name for stage in chosen_graph} == {
+        f"{kind} Blend800 lp long s{seed}" for kind in ("export", "evaluate") for seed in (0, 1)
+    }
     assert fake.stages == [
         *(s for a in study_headline.BLEND_SHARES
           for s in (f"export Blend800 a{a:g} s0", f"evaluate Blend800 a{a:g} s0")),
@@ -778,8 +796,14 @@ def test_late800_blend_chooses_the_share_on_dev_alone_and_scores_it_on_test(tmp_
         ).is_file()
     assert "chosen share 0.7" in (out / "blend800" / "blend800.md").read_text()
     fake.calls.clear()
-    study_headline.run_late_blend(args, fake)
-    assert fake.stages == []
+    study_headline.run_late_blend(args, fake, run_graph=fake_graph)
+    assert fake.stages == [] and len(fake_graph.graphs) == 2
+    # A blend directory holding another share is exported and scored again, alone.
+    done = out / "Blend800_lp_long_s1" / "hf" / "caliber_export.json"
+    done.write_text(json.dumps({"interpolate": 0.5}))
+    study_headline.run_late_blend(args, fake, run_graph=fake_graph)
+    assert fake.stages == ["export Blend800 lp long s1", "evaluate Blend800 lp long s1"]
+    assert "--interpolate=0.7" in fake.argv()["export Blend800 lp long s1"]
 
 
 def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_path, monkeypatch):
