@@ -27,10 +27,10 @@ trained objective. The step is every config's (docs/training_path.md): packed ro
 at most 3 row counts, gradients and update in one program per row count; the recorded runs
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
-Variant `verify`: the same recipe at a size two CPU cores run in about half an hour from a fresh
-clone (teacher vectors included; issue #57): 1,600 passages, 200 steps, a 260-record NumGap test
-set; with `late`, `mined` or `minednum`, 100 steps (`--preset headline-verify` runs the twin, then
-mined and minednum side by side, at this size).
+Variant `verify`: the same recipe at a size two CPU cores run in 42 minutes from a fresh clone
+(teacher vectors and XLA compiles included; issue #57 asks ~30): 1,600 passages, 200 steps, a
+260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps (`--preset
+headline-verify` runs the twin, then mined and minednum side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs

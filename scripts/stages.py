@@ -6,7 +6,8 @@ every stage whose prerequisites are done starts as soon as a slot is free: a sma
 good part of each process in single-threaded work (imports, tracing, XLA compiling, checkpoint
 I/O), which a second process fills. Each concurrent stage then writes its output to
 `<log_dir>/<stage>.log`, and the terminal gets one line when it starts and its summary when it
-ends. Wall time per stage lands in `times` either way.
+ends. Wall time per stage lands in `times` either way; the line a stage ends with gives its peak
+resident memory, and for a stage a signal ended, the signal (`ended`).
 """
 
 import contextlib
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +91,31 @@ def startable(ready: Sequence[Stage], running: Sequence[Stage], jobs: int) -> li
     return chosen
 
 
+def _waited(proc: subprocess.Popen) -> tuple[int, int]:
+    """Waits for `proc` and returns (its return code, its peak resident memory in bytes: the
+    kernel's ru_maxrss of that process, `os.wait4`)."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait again
+    return proc.returncode, usage.ru_maxrss * 1024  # Linux reports kilobytes
+
+
+def ended(returncode: int, peak_bytes: int, seconds: float) -> str:
+    """How a stage ended, in one line: "done in 807 s, peak memory 7.5 GiB", "FAILED (exit 2)
+    ...", or, for a stage a signal ended, its name; SIGKILL also says that the kernel's
+    out-of-memory killer sends it, since a log cut off mid-line is all that killer leaves."""
+    memory = f"peak memory {peak_bytes / 2**30:.1f} GiB"
+    if returncode == 0:
+        return f"done in {seconds:.0f} s, {memory}"
+    if returncode > 0:
+        return f"FAILED (exit {returncode}) in {seconds:.0f} s, {memory}"
+    name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else "?"
+    line = f"FAILED: killed by {name} after {seconds:.0f} s, {memory}"
+    if -returncode == signal.SIGKILL:
+        line += (" (the kernel's out-of-memory killer sends SIGKILL when memory runs out: "
+                 "`dmesg` says; run fewer stages side by side, --jobs 1)")  # fmt: skip
+    return line
+
+
 def run_stages(
     stages: Sequence[Stage], times: dict[str, float], *, cwd: Path, jobs: int = 1,
     log_dir: Path | None = None, pin_cores: bool = False,
@@ -132,10 +159,9 @@ def run_stages(
                 stage, cores = running.pop(future)
                 if cores:
                     free_cores.append(cores)
-                returncode, seconds, text = future.result()
+                returncode, seconds, text, peak = future.result()
                 times[stage.name] = round(seconds, 1)
-                print(f"== {stage.name}: {'done' if returncode == 0 else 'FAILED'} in "
-                      f"{seconds:.0f} s", flush=True)  # fmt: skip
+                print(f"== {stage.name}: {ended(returncode, peak, seconds)}", flush=True)
                 for line in summary(text, SUMMARY_LINES if returncode == 0 else 20):
                     print(f"   {line}", flush=True)
                 if returncode == 0:
@@ -151,13 +177,17 @@ def run_stages(
 def _stream(stage: Stage, times: dict[str, float], *, cwd: Path) -> None:
     print(f"\n== {stage.name}: {' '.join(stage.args)}", flush=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, *stage.args], cwd=cwd, check=True)
-    times[stage.name] = round(time.perf_counter() - start, 1)
+    returncode, peak = _waited(subprocess.Popen([sys.executable, *stage.args], cwd=cwd))
+    seconds = time.perf_counter() - start
+    print(f"== {stage.name}: {ended(returncode, peak, seconds)}", flush=True)
+    if returncode != 0:
+        raise subprocess.CalledProcessError(returncode, [sys.executable, *stage.args])
+    times[stage.name] = round(seconds, 1)
 
 
 def _logged(
     stage: Stage, log_dir: Path, cwd: Path, cores: tuple[int, ...] | None = None
-) -> tuple[int, float, str]:
+) -> tuple[int, float, str, int]:
     path = log_dir / log_name(stage.name)
     start = time.perf_counter()
     with path.open("w", encoding="utf-8") as log:
@@ -171,8 +201,8 @@ def _logged(
             # every thread it starts later (XLA's, BLAS's) inherits this set.
             with contextlib.suppress(ProcessLookupError):  # a stage that has already ended
                 os.sched_setaffinity(proc.pid, cores)
-        returncode = proc.wait()
-    return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8")
+        returncode, peak = _waited(proc)
+    return returncode, time.perf_counter() - start, path.read_text(encoding="utf-8"), peak
 
 
 def resolve_config(common: list[str]):

@@ -118,9 +118,9 @@ The student above is a 3-layer cut trained for a few dozen steps on 256 passages
 numbers its teacher does not, but it retrieves far below its teacher. The same objective at a size
 where the student also retrieves well (all-mpnet-base-v2 teacher, all-MiniLM-L6-v2 + W_out student):
   python scripts/study.py --preset headline-verify --filings FILINGS
-(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 40 minutes from a fresh clone
-on 2 CPU cores (2026-11-29, commit 1b3b886; XLA's compile cache warm from earlier runs, so a first
-run on a new machine adds its compiles): mined questions lift the distilled student's
+(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 42 minutes from a fresh clone
+on 2 CPU cores with an empty compile cache (2026-11-29, commit 8d8da2d; it needs ~16 GB of memory,
+the two last trainings side by side): mined questions lift the distilled student's
 FinanceBench nDCG@10 to 0.591 against its twin's 0.551, and with the numeric objective as well
 NumGap-D reaches 0.112 against its teacher's 0.004 (docs/study_verify/, docs/results.md).
 The full numeric recipe (`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches
@@ -186,11 +186,9 @@ def before_after_table(
 
 
 def run(stage: str, args: list[str], times: dict[str, float]) -> None:
-    """Runs one CLI stage, streaming its output, and records its wall time."""
-    print(f"\n== {stage}: {' '.join(args)}", flush=True)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, *args], cwd=REPO, check=True)
-    times[stage] = round(time.perf_counter() - start, 1)
+    """Runs one CLI stage, streaming its output, and records its wall time (`run_stages` with
+    one stage: its last line gives its peak memory, or the signal that ended it)."""
+    run_stages([Stage(stage, tuple(args))], times, cwd=REPO)
 
 
 def variants(seeds: list[int], ablation: bool) -> list[tuple[str, float, float, int]]:

@@ -250,3 +250,35 @@ def test_a_record_without_provenance_is_refused_unless_asked_then_marked_unknown
     assert provenance.mark(json.loads(target.read_text())) == (
         " (restored @010f3d1, provenance unknown)"
     )
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_stage_ends_with_its_peak_memory(tmp_path, capsys, jobs):
+    """The line a stage ends with gives that process's own peak resident memory: a stage that
+    holds 600 MiB reports at least that, one that holds nothing reports far less."""
+    big = "import numpy as np; a = np.ones(600 * 2**20 // 8); print(a.sum())"
+    stages = [Stage("big", ("-c", big)), Stage("small", ("-c", "print(1)"))]
+    run_stages(stages, {}, cwd=tmp_path, jobs=jobs, log_dir=tmp_path / "logs")
+    out = capsys.readouterr().out
+    peaks = {name: float(out.split(f"== {name}: done in ")[1].split("peak memory ")[1].split()[0])
+             for name in ("big", "small")}  # fmt: skip
+    assert peaks["big"] >= 600 / 1024 and peaks["small"] < 0.3, out
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_stage_a_signal_ends_is_named_and_sigkill_points_at_memory(tmp_path, capsys, jobs):
+    """A stage the kernel kills leaves a log cut off mid-line; the runner's line names the
+    signal, and for SIGKILL the out-of-memory killer and what to do about it."""
+    killed = "import os, signal; print('step 7/100', flush=True); os.kill(os.getpid(), 9)"
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        run_stages([Stage("train", ("-c", killed))], {}, cwd=tmp_path, jobs=jobs,
+                   log_dir=tmp_path / "logs")  # fmt: skip
+    assert failure.value.returncode == -9
+    out = capsys.readouterr().out
+    assert "== train: FAILED: killed by SIGKILL after" in out
+    assert "out-of-memory killer" in out and "--jobs 1" in out
+    with pytest.raises(subprocess.CalledProcessError):
+        run_stages([Stage("stopped", ("-c", "import os; os.kill(os.getpid(), 15)"))], {},
+                   cwd=tmp_path, jobs=jobs, log_dir=tmp_path / "logs")  # fmt: skip
+    out = capsys.readouterr().out
+    assert "killed by SIGTERM" in out and "out-of-memory" not in out
