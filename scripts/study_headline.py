@@ -510,6 +510,22 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
         print(line)
 
 
+def scored_on_test(args, out: Path, record: Path | None, blends: dict[str, tuple[Path, dict]],
+                   times: dict[str, float], run_graph: GraphFn | None) -> None:  # fmt: skip
+    """The chosen blends (label -> (workdir, `StudyGraph.blend`'s `made_with`)) exported into
+    out/<slug>/hf and scored like the headline students (FinanceBench + the long study's recorded
+    NumGap test set) into out/results, as one stage graph."""
+    graph = StudyGraph(out)
+    for label, (workdir, made_with) in blends.items():
+        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
+        hf = out / evaluate.slug(label) / "hf"
+        stage, hf = graph.blend(label, workdir, (), hf, path, made_with)
+        graph.score(label, hf, path, eval_args(args, LONG_RECORD / "data/numgap_test.jsonl"),
+                    [stage])  # fmt: skip
+    graph.run(args, times, run_graph)
+    graph.record(record)
+
+
 def run_soup(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     """Per seed: the headline student (trained by `--preset headline` when missing) and its
     distillation-only twin (`configs/headline.py:distill`), blended at each of `SOUP_SHARES`,
@@ -559,16 +575,9 @@ def run_soup(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         print(line)
     if share is None:
         return
-    chosen = StudyGraph(out)
-    for seed, (numeric, distill) in runs.items():
-        label = soup_label(None, seed)
-        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        stage, hf = chosen.blend(label, numeric, (), out / evaluate.slug(label) / "hf", path,
-                                 {"interpolate": share, "blend_with": str(distill)})  # fmt: skip
-        chosen.score(label, hf, path, eval_args(args, LONG_RECORD / "data/numgap_test.jsonl"),
-                     [stage])  # fmt: skip
-    chosen.run(args, times, run_graph)
-    chosen.record(record)
+    blends = {soup_label(None, seed): (numeric, {"interpolate": share, "blend_with": str(distill)})
+              for seed, (numeric, distill) in runs.items()}  # fmt: skip
+    scored_on_test(args, out, record, blends, times, run_graph)
 
 
 def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
@@ -616,16 +625,9 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     print(report)
     if share is None:
         return
-    chosen = StudyGraph(out)
-    for seed, workdir in lates.items():
-        label = blend_label(None, seed)
-        path = out / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        stage, hf = chosen.blend(label, workdir, (), out / evaluate.slug(label) / "hf", path,
-                                 {"interpolate": share})  # fmt: skip
-        chosen.score(label, hf, path, eval_args(args, LONG_RECORD / "data/numgap_test.jsonl"),
-                     [stage])  # fmt: skip
-    chosen.run(args, times, run_graph)
-    chosen.record(record)
+    blends = {blend_label(None, seed): (workdir, {"interpolate": share})
+              for seed, workdir in lates.items()}  # fmt: skip
+    scored_on_test(args, out, record, blends, times, run_graph)
     add_times(out / "study.json", times)
 
 
