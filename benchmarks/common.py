@@ -118,8 +118,12 @@ def add_host_malloc_flag(parser: argparse.ArgumentParser) -> None:
 
 def apply_host_malloc(mode: str) -> str:
     """What every entry point does first (`cli.run`) when `mode` is 'retain'; returns the setting
-    in effect ('retain' only where glibc accepted it), for the benchmark's `host_malloc=` line."""
-    return "retain" if mode == "retain" and hostmem.retain_freed_memory() else "default"
+    in effect ('retain' only where glibc accepted it), for the benchmark's `host_malloc=` line.
+    Retained, the heap is watched as the entry points watch it (`hostmem.release_fragments`)."""
+    if mode == "retain" and hostmem.retain_freed_memory():
+        hostmem.release_fragments()
+        return "retain"
+    return "default"
 
 
 def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:

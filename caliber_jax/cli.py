@@ -227,10 +227,11 @@ def run(main: Callable[[list[str]], Any]) -> None:
     """`absl.app.run(main)` with the shared flags, quiet logs, cache, and one-line errors.
 
     First of all, before JAX starts: on the CPU backend, freed host memory stays mapped for reuse
-    (`hostmem`; `CALIBER_JAX_HOST_MALLOC=retain|default` overrides).
+    (`hostmem`; `CALIBER_JAX_HOST_MALLOC=retain|default` overrides), with a thread that hands
+    back free memory the heap could not reuse (`hostmem.release_fragments`).
     """
     try:
-        hostmem.apply()
+        hostmem.apply_and_watch()
     except ValueError as error:
         exit_with_one_line(error)
     define_flags()

@@ -7,6 +7,15 @@ minor faults in a 50 s benchmark) and then unmaps it again. With `mmap` off for 
 and no trimming, the heap keeps those pages and the next step reuses them. The benchmarks
 history (2026-11-25) has the measurement; the cost is a resident set that stays at its peak.
 
+A heap that keeps what it frees can also keep what it cannot reuse. When a large freed buffer is
+split by a small allocation, the next buffer of that size no longer fits in it and the heap grows
+instead; a run whose programs have temporaries of several sizes (the packed layout's row counts,
+a phase with mined questions) grew that way by one temporary a step, 3.3 GB at a time, to 14 GB in
+a dozen steps (2026-11-29; `docs/benchmarks_history.md`). `release_fragments` watches for it from
+a thread the entry points start with the retained heap: when the resident memory passes the
+heap's peak in use by a margin (`should_release`), `malloc_trim` hands the free pages back. A
+heap that reuses its buffers stays below that, so it keeps them.
+
 That was measured on the CPU backend only, so the entry points (`cli.run`) apply it only when JAX
 will run on the CPU (`planned_platform`): on a GPU or TPU the step's buffers live on the device,
 and a host heap that never shrinks would only hold on to memory. The environment variable
@@ -20,7 +29,10 @@ import importlib.metadata
 import importlib.util
 import os
 import pkgutil
+import threading
+import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 # <malloc.h>
 M_TRIM_THRESHOLD = -1
@@ -53,6 +65,108 @@ def retain_freed_memory() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in SETTINGS)
+
+
+class Heap(NamedTuple):
+    """What glibc's `mallinfo2` says of malloc's heaps: `size` bytes held from the system (its
+    `arena`: every arena's heap, not the mmapped chunks), `in_use` of them allocated (`uordblks`)
+    and `free` (`fordblks`, resident or handed back)."""
+
+    size: int
+    in_use: int
+    free: int
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+# The resident anonymous memory a retained heap may hold, as a multiple of the most it has had in
+# use at once plus a constant for what is not the heap (Python's own arenas, compiled code):
+# a heap that reuses its buffers stays below it.
+RELEASE_FACTOR = 1.25
+RELEASE_SLACK_BYTES = 512 * 2**20
+RELEASE_INTERVAL_S = 0.25
+# How often the watcher has handed free pages back, for tests and reports.
+releases = 0
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name)
+
+
+def heap(libc=None) -> Heap | None:
+    """The heap now; None without glibc's `mallinfo2` (glibc < 2.33)."""
+    libc = libc or _libc()
+    mallinfo2 = getattr(libc, "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return Heap(size=info.arena, in_use=info.uordblks, free=info.fordblks)
+
+
+def resident_anonymous(status: str = "/proc/self/status") -> int | None:
+    """RssAnon of /proc/self/status in bytes (the heap, mmapped memory, not mapped files); None
+    where the file or the field is missing."""
+    try:
+        with open(status) as lines:
+            for line in lines:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def should_release(
+    resident: int,
+    in_use_peak: int,
+    factor: float = RELEASE_FACTOR,
+    slack: int = RELEASE_SLACK_BYTES,
+) -> bool:
+    """Whether a process holding `resident` anonymous bytes, whose heap has had at most
+    `in_use_peak` bytes in use at once, holds free memory it does not reuse. A heap that reuses
+    a freed buffer holds about its peak; one whose freed buffers are split by small allocations
+    (so the next buffer of that size no longer fits and the heap grows) holds one more buffer
+    a step."""
+    return resident > factor * in_use_peak + slack
+
+
+def release_fragments(
+    interval: float = RELEASE_INTERVAL_S,
+    factor: float = RELEASE_FACTOR,
+    slack: int = RELEASE_SLACK_BYTES,
+) -> threading.Thread | None:
+    """Starts a daemon thread that every `interval` seconds compares the resident memory with the
+    heap's peak in use and, when `should_release`, hands the heap's free pages back to the system
+    (`malloc_trim(0)`: the top of the heap and every whole free page inside it). None where glibc
+    lacks `mallinfo2` or `malloc_trim`, or /proc/self/status has no RssAnon."""
+    libc = _libc()
+    if (
+        libc is None
+        or getattr(libc, "malloc_trim", None) is None
+        or heap(libc) is None
+        or resident_anonymous() is None
+    ):
+        return None
+    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+
+    def watch() -> None:
+        global releases
+        peak = 0
+        while True:
+            time.sleep(interval)
+            peak = max(peak, heap(libc).in_use)
+            if should_release(resident_anonymous(), peak, factor, slack):
+                libc.malloc_trim(0)
+                releases += 1
+
+    thread = threading.Thread(target=watch, name="hostmem-release", daemon=True)
+    thread.start()
+    return thread
 
 
 ENV = "CALIBER_JAX_HOST_MALLOC"
@@ -102,3 +216,12 @@ def apply(platform: str | None = None, environ: Mapping[str, str] = os.environ) 
     if mode == "auto" and (platform or planned_platform(environ)).lower() != "cpu":
         return False
     return retain_freed_memory()
+
+
+def apply_and_watch(platform: str | None = None, environ: Mapping[str, str] = os.environ) -> bool:
+    """`apply`, and where it retained freed memory, `release_fragments` beside it: what the entry
+    points call first of all."""
+    applied = apply(platform, environ)
+    if applied:
+        release_fragments()
+    return applied
