@@ -133,7 +133,7 @@ for step in range(6):
         # then the temporaries freed: holes that no later request fits, each resident.
         held.append(libc.malloc(size + mib // 2))
         libc.free(temporary)
-    time.sleep(0.15)  # the watcher looks every 0.02 s
+    time.sleep(0.3)  # the watcher looks every 0.02 s
     peak = max(peak, resident())
 print(json.dumps({"peak": peak, "heap": hostmem.heap().size, "releases": hostmem.releases}))
 """
