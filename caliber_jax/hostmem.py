@@ -12,9 +12,11 @@ split by a small allocation, the next buffer of that size no longer fits in it a
 instead; a run whose programs have temporaries of several sizes (the packed layout's row counts,
 a phase with mined questions) grew that way by one temporary a step, 3.3 GB at a time, to 14 GB in
 a dozen steps (2026-11-29; `docs/benchmarks_history.md`). `release_fragments` watches for it from
-a thread the entry points start with the retained heap: when the resident memory passes the
-heap's peak in use by a margin (`should_release`), `malloc_trim` hands the free pages back. A
-heap that reuses its buffers stays below that, so it keeps them.
+a thread the entry points start with the retained heap: when the resident memory passes twice the
+heap's peak in use (`should_release`), `malloc_trim` hands the free pages back. A heap that
+reuses its buffers stays below that, so it keeps them; twice, because a heap that settles with
+two temporaries and reuses them is as fast as one that never trims, where 1.25x cost ~20% of the
+step rate (the same history, an A/B on two full-size phases).
 
 That was measured on the CPU backend only, so the entry points (`cli.run`) apply it only when JAX
 will run on the CPU (`planned_platform`): on a GPU or TPU the step's buffers live on the device,
@@ -84,8 +86,8 @@ class _MallInfo2(ctypes.Structure):
 
 # The resident anonymous memory a retained heap may hold, as a multiple of the most it has had in
 # use at once plus a constant for what is not the heap (Python's own arenas, compiled code):
-# a heap that reuses its buffers stays below it.
-RELEASE_FACTOR = 1.25
+# a heap that reuses its buffers stays below it (a phase's heap settles at ~1.8x: two temporaries).
+RELEASE_FACTOR = 2.0
 RELEASE_SLACK_BYTES = 512 * 2**20
 RELEASE_INTERVAL_S = 0.25
 # How often the watcher has handed free pages back, for tests and reports.
