@@ -120,10 +120,8 @@ def apply_host_malloc(mode: str) -> str:
     """What every entry point does first (`cli.run`) when `mode` is 'retain'; returns the setting
     in effect ('retain' only where glibc accepted it), for the benchmark's `host_malloc=` line.
     Retained, the heap is watched as the entry points watch it (`hostmem.release_fragments`)."""
-    if mode == "retain" and hostmem.retain_freed_memory():
-        hostmem.release_fragments()
-        return "retain"
-    return "default"
+    retained = hostmem.watched(mode == "retain" and hostmem.retain_freed_memory())
+    return "retain" if retained else "default"
 
 
 def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:

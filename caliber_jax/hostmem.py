@@ -46,6 +46,17 @@ M_ARENA_MAX = -8
 SETTINGS = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
 
 
+def _libc():
+    """The C library, or None where it cannot be found or loaded."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
 def retain_freed_memory() -> bool:
     """Applies `SETTINGS` through glibc's `mallopt`; returns False (and changes nothing) elsewhere.
 
@@ -53,12 +64,8 @@ def retain_freed_memory() -> bool:
     chosen at a thread's first malloc): the entry points do it first thing, on the CPU only
     (`apply`, from `cli.run`).
     """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return False
     mallopt = getattr(libc, "mallopt", None)
     gnu_get_libc_version = getattr(libc, "gnu_get_libc_version", None)
@@ -92,11 +99,6 @@ RELEASE_SLACK_BYTES = 512 * 2**20
 RELEASE_INTERVAL_S = 0.25
 # How often the watcher has handed free pages back, for tests and reports.
 releases = 0
-
-
-def _libc():
-    name = ctypes.util.find_library("c")
-    return None if name is None else ctypes.CDLL(name)
 
 
 def heap(libc=None) -> Heap | None:
@@ -220,10 +222,14 @@ def apply(platform: str | None = None, environ: Mapping[str, str] = os.environ) 
     return retain_freed_memory()
 
 
+def watched(retained: bool) -> bool:
+    """`release_fragments` beside a heap that `retained` says is kept; returns `retained`."""
+    if retained:
+        release_fragments()
+    return retained
+
+
 def apply_and_watch(platform: str | None = None, environ: Mapping[str, str] = os.environ) -> bool:
     """`apply`, and where it retained freed memory, `release_fragments` beside it: what the entry
     points call first of all."""
-    applied = apply(platform, environ)
-    if applied:
-        release_fragments()
-    return applied
+    return watched(apply(platform, environ))
