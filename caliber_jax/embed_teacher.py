@@ -59,6 +59,13 @@ def load_teacher(teacher_config):
     )
 
 
+def compute_dtype(teacher_config, model) -> str:
+    """The dtype the teacher computed in, a config's "auto" resolved on this machine."""
+    if teacher_config.backend == "torch":
+        return "bfloat16" if model.autocast else teacher_config.dtype
+    return embedder.resolve_dtype_name(teacher_config.dtype)
+
+
 def teacher_metadata(config, model: embedder.Embedder) -> dict:
     """What a store records about the teacher that wrote it (`teacher.REUSE_FIELDS` and more)."""
     metadata = {
@@ -66,7 +73,7 @@ def teacher_metadata(config, model: embedder.Embedder) -> dict:
         "pooling": model.pooling if config.teacher.backend == "torch" else model.spec.pooling,
         "native_dim": model.dim,
         "max_length": config.teacher.max_length,
-        "compute_dtype": config.teacher.dtype,
+        "compute_dtype": compute_dtype(config.teacher, model),
     }
     if config.teacher.backend == "torch":  # flax stores keep their metadata (and so resume)
         metadata["backend"] = "torch"

@@ -17,17 +17,26 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from caliber_jax import sharding, tokenization
+from caliber_jax import host, sharding, tokenization
 from caliber_jax.data import padding
 from caliber_jax.models import embedding
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+AUTO = "auto"
+
+
+def resolve_dtype_name(name: str) -> str:
+    """A compute dtype's name, "auto" resolved: bfloat16 on accelerators and on CPUs that multiply
+    it in hardware (`host.native_bf16`), float32 on other CPUs."""
+    if name == AUTO:
+        return "bfloat16" if jax.default_backend() != "cpu" or host.native_bf16() else "float32"
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}, expected one of {sorted([*DTYPES, AUTO])}")
+    return name
 
 
 def resolve_dtype(name: str) -> jnp.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"dtype={name!r}, expected one of {sorted(DTYPES)}")
-    return DTYPES[name]
+    return DTYPES[resolve_dtype_name(name)]
 
 
 # Encoding pads to the same short geometric ladder as training (`data/padding.py`): one compiled

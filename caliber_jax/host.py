@@ -1,6 +1,10 @@
 """What this host lets the process use; imports nothing heavy, so PyTorch-only scripts share it."""
 
 import os
+from pathlib import Path
+
+# CPU features that multiply bfloat16 natively (x86 AVX512_BF16 and AMX, Arm's BF16 extension).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 def usable_core_ids() -> list[int] | None:
@@ -16,3 +20,22 @@ def usable_cores() -> int:
     """How many cores this process may run on: its CPU affinity, which `os.cpu_count()` ignores."""
     ids = usable_core_ids()
     return len(ids) if ids is not None else os.cpu_count() or 1
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's feature flags (x86 `flags`, Arm `Features`) in /proc/cpuinfo; empty
+    where there is none (macOS)."""
+    path = Path(cpuinfo)
+    if not path.is_file():
+        return frozenset()
+    for line in path.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (`NATIVE_BF16_FLAGS`): there a bfloat16
+    step is faster than a float32 one, elsewhere XLA emulates it and float32 is the faster."""
+    return not cpu_flags(cpuinfo).isdisjoint(NATIVE_BF16_FLAGS)

@@ -43,7 +43,7 @@ from caliber_jax import (
     watchdog,
 )
 from caliber_jax.data import length_cache, pipeline
-from caliber_jax.embedder import Embedder, resolve_dtype
+from caliber_jax.embedder import Embedder, resolve_dtype, resolve_dtype_name
 from caliber_jax.models import embedding
 
 
@@ -561,6 +561,8 @@ def _train(
     manager.close()
     if writer is not None:
         writer.close()
+    # The compute dtype a config's "auto" became on this machine (`embedder.resolve_dtype_name`).
+    summary["compute_bfloat16"] = float(resolve_dtype_name(config.model.dtype) == "bfloat16")
     return summary
 
 

@@ -153,6 +153,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.data.dir = "runs/headline_verify/data_mined"
             config.prepare.mined_dev = 150
         config.prepare.max_passages = 1600
+        # bfloat16 compute where the CPU multiplies it in hardware, float32 elsewhere
+        # (`embedder.resolve_dtype_name`): the teacher under autocast, the student with float32
+        # products, norms and master weights (the paper's mixed precision). Issue #57's time
+        # budget, not a dev choice.
+        config.teacher.dtype = "auto"
+        config.model.dtype = "auto"
         config.prepare.max_val_passages = 128
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
         config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}

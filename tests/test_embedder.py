@@ -70,3 +70,35 @@ def test_remat_policies_give_the_same_gradients(minilm_dir, remat):
 def test_remat_rejects_unknown_policy():
     with pytest.raises(ValueError, match="remat='some'"):
         layers.resolve_remat("some")
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu avx2 avx512f avx512_bf16", True),  # Zen 4, Cooper Lake
+        ("fpu avx2 amx_bf16 amx_tile", True),  # Sapphire Rapids
+        ("fpu avx2 avx512f avx512bw", False),  # Skylake-SP: AVX-512 without bfloat16
+        ("fpu avx avx2 fma", False),
+    ],
+)
+def test_native_bf16_reads_the_cpu_flags(tmp_path, flags, native):
+    from caliber_jax import host
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert host.native_bf16(cpuinfo) is native
+    arm = tmp_path / "arm"
+    arm.write_text(f"processor\t: 0\nFeatures\t: fp asimd {'bf16' if native else 'sve'}\n")
+    assert host.native_bf16(arm) is native
+    assert host.native_bf16(tmp_path / "absent") is False
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_multiplies_it(monkeypatch):
+    from caliber_jax import embedder, host
+
+    for native, want in ((True, jnp.bfloat16), (False, jnp.float32)):
+        monkeypatch.setattr(host, "native_bf16", lambda native=native: native)
+        assert embedder.resolve_dtype("auto") == want
+    assert embedder.resolve_dtype("float32") == jnp.float32
+    with pytest.raises(ValueError, match="'float16'.*auto"):
+        embedder.resolve_dtype("float16")

@@ -14,7 +14,7 @@ import numpy as np
 
 from caliber_jax.models.st_layout import is_sentence_transformers_dir, read_st_pooling
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 def resolve_device(device: str) -> str:
@@ -24,6 +24,15 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def autocast_bf16(dtype: str, device: str) -> bool:
+    """Whether `dtype` "auto" runs float32 weights under bfloat16 autocast on `device` ("cuda",
+    or a CPU that multiplies bfloat16 in hardware, `host.native_bf16`; float32 elsewhere): the
+    Flax `Embedder`'s "auto" (`embedder.resolve_dtype_name`), float32 norms and accumulation."""
+    from caliber_jax import host
+
+    return dtype == "auto" and (device.startswith("cuda") or host.native_bf16())
 
 
 class TorchEncoder:
@@ -48,7 +57,8 @@ class TorchEncoder:
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"{model_dir}: teacher model directory not found")
         self.device = resolve_device(device)
-        self._torch_dtype = getattr(torch, dtype)
+        self.autocast = autocast_bf16(dtype, self.device)
+        self._torch_dtype = torch.float32 if dtype == "auto" else getattr(torch, dtype)
         self.is_sentence_transformers = is_sentence_transformers_dir(self.model_dir)
         if self.is_sentence_transformers:
             from sentence_transformers import SentenceTransformer
@@ -104,6 +114,13 @@ class TorchEncoder:
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), np.float32)
+        device_type = self.device.split(":")[0]
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast):
+            return self._encode(texts, batch_size=batch_size, max_length=max_length)
+
+    def _encode(self, texts: list[str], *, batch_size: int, max_length: int | None) -> np.ndarray:
+        import torch
+
         limit = self.model_max_length() if max_length is None else max_length
         if self.is_sentence_transformers:
             self._model.max_seq_length = limit

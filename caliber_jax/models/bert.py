@@ -79,17 +79,6 @@ class BertConfig:
         return self.hidden_size
 
 
-def _linear(d_in: int, d_out: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(
-        d_in,
-        d_out,
-        dtype=dtype,
-        param_dtype=jnp.float32,
-        kernel_init=nnx.initializers.normal(0.02),
-        rngs=rngs,
-    )
-
-
 def embed_table(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
     """A lookup table with HF's N(0, 0.02) init, float32 params (BERT, MPNet)."""
     init = nnx.initializers.normal(0.02)
@@ -131,13 +120,13 @@ class BertLayer(nnx.Module):
         self, config: "BertConfig", *, dtype: jnp.dtype, rngs: nnx.Rngs, attention: str = "xla"
     ):
         d, f, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
-        self.query = _linear(d, d, dtype=dtype, rngs=rngs)
-        self.key = _linear(d, d, dtype=dtype, rngs=rngs)
-        self.value = _linear(d, d, dtype=dtype, rngs=rngs)
-        self.attention_output = _linear(d, d, dtype=dtype, rngs=rngs)
+        self.query = layers.linear(d, d, dtype=dtype, rngs=rngs)
+        self.key = layers.linear(d, d, dtype=dtype, rngs=rngs)
+        self.value = layers.linear(d, d, dtype=dtype, rngs=rngs)
+        self.attention_output = layers.linear(d, d, dtype=dtype, rngs=rngs)
         self.attention_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
-        self.intermediate = _linear(d, f, dtype=dtype, rngs=rngs)
-        self.output = _linear(f, d, dtype=dtype, rngs=rngs)
+        self.intermediate = layers.linear(d, f, dtype=dtype, rngs=rngs)
+        self.output = layers.linear(f, d, dtype=dtype, rngs=rngs)
         self.output_layernorm = layers.LayerNorm(d, eps=eps, dtype=dtype)
         self.num_heads = config.num_attention_heads
         self.activation = ACTIVATIONS[config.hidden_act]

@@ -89,19 +89,6 @@ class Qwen3Config:
         return self.hidden_size
 
 
-def _linear(d_in: int, d_out: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    init = nnx.initializers.normal(0.02)
-    return nnx.Linear(
-        d_in,
-        d_out,
-        use_bias=bias,
-        dtype=dtype,
-        param_dtype=jnp.float32,
-        kernel_init=init,
-        rngs=rngs,
-    )
-
-
 class Qwen3Attention(nnx.Module):
     """Grouped-query causal attention with per-head q/k RMSNorm (HF `Qwen3Attention`)."""
 
@@ -115,10 +102,10 @@ class Qwen3Attention(nnx.Module):
             config.hidden_size,
         )
         bias = config.attention_bias
-        self.q_proj = _linear(d, n * h, bias=bias, dtype=dtype, rngs=rngs)
-        self.k_proj = _linear(d, k * h, bias=bias, dtype=dtype, rngs=rngs)
-        self.v_proj = _linear(d, k * h, bias=bias, dtype=dtype, rngs=rngs)
-        self.o_proj = _linear(n * h, d, bias=bias, dtype=dtype, rngs=rngs)
+        self.q_proj = layers.linear(d, n * h, bias=bias, dtype=dtype, rngs=rngs)
+        self.k_proj = layers.linear(d, k * h, bias=bias, dtype=dtype, rngs=rngs)
+        self.v_proj = layers.linear(d, k * h, bias=bias, dtype=dtype, rngs=rngs)
+        self.o_proj = layers.linear(n * h, d, bias=bias, dtype=dtype, rngs=rngs)
         self.q_norm = layers.RMSNorm(h, eps=config.rms_norm_eps, dtype=dtype)
         self.k_norm = layers.RMSNorm(h, eps=config.rms_norm_eps, dtype=dtype)
         self.head_dim = h
@@ -142,9 +129,9 @@ class Qwen3MLP(nnx.Module):
 
     def __init__(self, config: Qwen3Config, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         d, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = _linear(d, f, bias=False, dtype=dtype, rngs=rngs)
-        self.up_proj = _linear(d, f, bias=False, dtype=dtype, rngs=rngs)
-        self.down_proj = _linear(f, d, bias=False, dtype=dtype, rngs=rngs)
+        self.gate_proj = layers.linear(d, f, bias=False, dtype=dtype, rngs=rngs)
+        self.up_proj = layers.linear(d, f, bias=False, dtype=dtype, rngs=rngs)
+        self.down_proj = layers.linear(f, d, bias=False, dtype=dtype, rngs=rngs)
 
     def __call__(self, x_btd: jax.Array) -> jax.Array:
         return self.down_proj(jax.nn.silu(self.gate_proj(x_btd)) * self.up_proj(x_btd))

@@ -192,3 +192,23 @@ def test_evaluate_encodes_through_the_torch_backend(minilm_dir, filing_passages,
     )
     vectors = encode_fn(filing_passages[:12])
     assert np.abs(vectors - reference[:12]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_is_bfloat16_autocast_only_where_the_cpu_multiplies_it(
+    minilm_dir, filing_passages, reference, monkeypatch, native
+):
+    """ "auto": float32 weights under bfloat16 autocast on a CPU with bfloat16 instructions (the
+    vectors within the rounding of bfloat16 products), plain float32 elsewhere (equal)."""
+    from caliber_jax import host
+
+    monkeypatch.setattr(host, "native_bf16", lambda: native)
+    model = torch_teacher.TorchEncoder(minilm_dir, pooling="mean", dtype="auto", device="cpu")
+    assert model.autocast is native
+    got = model.encode(filing_passages, batch_size=16, max_length=MAX_LENGTH)
+    assert got.dtype == np.float32
+    cosines = np.sum(got * reference, axis=1)
+    if native:
+        assert 0.999 < cosines.min() < 1 - 1e-7, cosines.min()  # close, not equal
+    else:
+        np.testing.assert_allclose(got, reference, atol=1e-5)

@@ -1,8 +1,11 @@
-"""caliber_jax/models/layers.py: packed rows as cuDNN reads them (`packed_segments`)."""
+"""caliber_jax/models/layers.py: packed rows as cuDNN reads them (`packed_segments`), bfloat16
+matmuls on the CPU (`cpu_bf16_matmul`)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from caliber_jax.models import layers
 
@@ -73,3 +76,62 @@ def test_packed_rows_go_to_cudnn_as_segments_and_to_xla_as_a_mask():
         implementation="cudnn",
     )  # fmt: skip
     assert padded is mask_bt  # right-padded rows keep the key mask (jax.nn's cuDNN call)
+
+
+# --- bfloat16 matmuls on the CPU (`layers.cpu_bf16_matmul`) -------------------------------------
+
+
+def _bf16(x):
+    return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
+
+
+def test_cpu_bf16_matmul_is_float32_products_of_bfloat16_operands_rounded_once():
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(2, 5, 48)).astype(np.float32), rng.normal(size=(48, 24)) * 0.1
+    got = layers.cpu_bf16_matmul(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.float32),
+                                 jnp.bfloat16)  # fmt: skip
+    assert got.dtype == jnp.bfloat16
+    # The same products summed in float64 and rounded to bfloat16 once: equal, or one bfloat16
+    # step apart where the float32 sum's order lands on the other side of a rounding boundary.
+    want = _bf16(np.einsum("bti,io->bto", _bf16(x).astype(np.float64), _bf16(w)))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2**-7, atol=1e-6)
+    assert np.mean(np.asarray(got, np.float32) == want) > 0.95
+
+
+def test_cpu_bf16_matmul_gradients_are_those_of_the_rounded_float32_product():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(3, 7, 32)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(32, 16)) * 0.1, jnp.float32)
+    g = jnp.asarray(rng.normal(size=(3, 7, 16)), jnp.float32)
+
+    def loss(matmul):
+        return lambda x, w: jnp.sum(matmul(x, w).astype(jnp.float32) * g)
+
+    dx, dw = jax.grad(loss(lambda x, w: layers.cpu_bf16_matmul(x, w, jnp.bfloat16)), (0, 1))(x, w)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32  # the weight's gradient in float32
+    g16 = _bf16(g).astype(np.float64)  # the cotangent arrives in bfloat16
+    want_dx = _bf16(np.einsum("bto,io->bti", g16, _bf16(w)))
+    want_dw = np.einsum("bti,bto->io", _bf16(x).astype(np.float64), g16)
+    np.testing.assert_allclose(np.asarray(dx, np.float32), want_dx, rtol=2**-7, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_linears_on_the_cpu_multiply_bfloat16_operands_forward_and_backward():
+    """What makes it fast: every dot of a bfloat16 Linear's forward and backward takes bfloat16
+    operands (autodiff of a dot with float32 products would feed the weight's gradient float32)."""
+    lin = layers.linear(32, 16, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(lin)
+    x = jnp.ones((4, 32), jnp.float32)
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state)(x).astype(jnp.float32) ** 2)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(state, x).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert len(dots) == 3  # forward, the input's gradient, the weight's gradient
+    for line in dots:
+        operands = line.split(":", 1)[1].split("->")[0]
+        assert operands.count("bf16") == 2, line
+    # float32 compute keeps the plain Linear.
+    plain = layers.linear(32, 16, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    assert plain.dot_general is jax.lax.dot_general
