@@ -4,11 +4,14 @@
     python benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode  # one H100 / H200
     python benchmarks/encode_throughput.py --preset cpu-mpnet            # the #15 study's teacher
     python benchmarks/encode_throughput.py --preset cpu-mpnet --model-dir DIR   # any local HF dir
+    python benchmarks/encode_throughput.py --preset cpu-mpnet --model-dir DIR --dtype bfloat16 \
+        --float32-baseline          # bfloat16 against float32 in each framework, in one run
 
 JAX runs `Embedder.encode_ids`, the path `embed_teacher` takes: passages sorted by length, cut into
 batches, padded to a few bucket lengths (`embedder.bucket_length`), one jit-compiled forward per
 batch, vectors copied back to the host. PyTorch runs what a sentence-transformers user gets:
-transformers' model with SDPA attention in inference mode (bf16 weights on GPU), the same
+transformers' model with SDPA attention in inference mode (bf16 weights on GPU, float32 weights
+under bfloat16 autocast on the CPU, as the library's torch teacher with dtype "auto"), the same
 length-sorted batches padded to the batch max, mean pooling, normalisation, vectors to the host.
 Both encode the same real filings passages. After a warm-up pass (JAX compiles every bucket
 shape), the frameworks alternate timed passes over all passages; each one's time is the median.
@@ -98,6 +101,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--model-dir", help="a local HF / sentence-transformers directory (presets with model=dir)"
     )
     parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument(
+        "--float32-baseline",
+        action="store_true",
+        help="with --dtype bfloat16: also time both frameworks in float32, alternating in the "
+        "same run (the bfloat16 speed-up of each, on this machine)",
+    )
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18)
     parser.add_argument(
@@ -161,11 +170,10 @@ def build_models(args):
 class TorchEncoder:
     """Length-sorted batches padded to the batch max, mean pooled, as sentence-transformers does."""
 
-    name = "torch"
-
-    def __init__(self, make_model, *, pad_id: int, batch_size: int, bf16: bool):
+    def __init__(self, make_model, *, pad_id: int, batch_size: int, bf16: bool, name="torch"):
         import torch
 
+        self.name = name
         self.torch = torch
         self.on_gpu = torch.cuda.is_available()
         self.device = "cuda" if self.on_gpu else "cpu"
@@ -173,6 +181,9 @@ class TorchEncoder:
         model = make_model(self.device)
         if bf16 and self.on_gpu:
             model = model.to(torch.bfloat16)
+        # On the CPU, float32 weights under bfloat16 autocast: the library's torch teacher with
+        # dtype "auto" (`data.torch_teacher`), float32 norms as in the JAX side.
+        self.autocast = bf16 and not self.on_gpu
         self.model = model.eval()
         self.pad_id = pad_id
         self.batch_size = batch_size
@@ -180,7 +191,8 @@ class TorchEncoder:
     def encode(self, seqs: list[list[int]]) -> np.ndarray:
         torch = self.torch
         out = np.zeros((len(seqs), self.model.config.hidden_size), np.float32)
-        with torch.inference_mode():
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
+        with torch.inference_mode(), autocast:
             for rows in embedder.length_batches([len(s) for s in seqs], self.batch_size):
                 length = max(len(seqs[r]) for r in rows)
                 ids, mask = padding.pad_rows(
@@ -205,9 +217,8 @@ class TorchEncoder:
 class JaxEncoder:
     """`Embedder.encode_ids`: the production teacher path."""
 
-    name = "jax"
-
-    def __init__(self, model: embedder.Embedder, *, batch_size: int):
+    def __init__(self, model: embedder.Embedder, *, batch_size: int, name: str = "jax"):
+        self.name = name
         self.model = model
         self.batch_size = batch_size
 
@@ -287,15 +298,35 @@ def main(argv=None) -> None:
                 bf16=args.dtype == "bfloat16",
             ),
         )
+    if args.float32_baseline:
+        if args.dtype != "bfloat16":
+            raise SystemExit("--float32-baseline compares bfloat16 with float32: add --dtype "
+                             "bfloat16")  # fmt: skip
+        _, model32, _, _ = build_models(argparse.Namespace(**{**vars(args), "dtype": "float32"}))
+        encoders.append(JaxEncoder(model32, batch_size=args.batch_size, name="jax_float32"))
+        if not args.skip_torch:
+            encoders.append(
+                TorchEncoder(
+                    make_torch,
+                    pad_id=model.pad_id,
+                    batch_size=args.batch_size,
+                    bf16=False,
+                    name="torch_float32",
+                )  # fmt: skip
+            )
     vectors = {}
     for encoder in encoders:
         start = time.perf_counter()
         vectors[encoder.name] = encoder.encode(seqs)
         print(f"{encoder.name}_warmup_s={time.perf_counter() - start:.1f}")
-    if len(vectors) == 2 and args.model in ("minilm", "dir"):
+    if "torch" in vectors and args.model in ("minilm", "dir"):
         # Same weights in both frameworks: the vectors must agree.
         cosine = np.sum(vectors["jax"] * vectors["torch"], axis=-1)
         print(f"min_cosine_jax_vs_torch={cosine.min():.6f}")
+    for name in ("jax", "torch"):
+        if f"{name}_float32" in vectors:  # what bfloat16 moves, against float32
+            cosine = np.sum(vectors[name] * vectors[f"{name}_float32"], axis=-1)
+            print(f"min_cosine_{name}_bfloat16_vs_float32={cosine.min():.6f}")
     times = {encoder.name: [] for encoder in encoders}
     for _ in range(args.repeats):
         for encoder in encoders:
@@ -311,11 +342,15 @@ def main(argv=None) -> None:
         print(f"{encoder.name}_mfu_real_tokens={flops / seconds / peak:.4f}")
         print(f"{encoder.name}_peak_memory={encoder.peak_memory()}")
         if isinstance(encoder, JaxEncoder):
-            print(f"jax_peak_memory_bytes={encoder.peak_memory_bytes():.0f}")
+            print(f"{encoder.name}_peak_memory_bytes={encoder.peak_memory_bytes():.0f}")
         print(f"{encoder.name}_passages_per_s={rates[encoder.name]:.2f}")
     hours = PAPER_TEACHER_TEXTS / rates["jax"] / 3600
     print(f"jax_projected_teacher_hours={hours:.2f} ({PAPER_TEACHER_TEXTS} texts, one device)")
     print(f"total_s={time.perf_counter() - clock:.1f}")
+    for name in ("jax", "torch"):
+        if f"{name}_float32" in rates:
+            print(f"ratio_{name}_bfloat16_over_float32="
+                  f"{rates[name] / rates[f'{name}_float32']:.3f}")  # fmt: skip
     if "torch" in rates:
         print(f"ratio_jax_over_torch={rates['jax'] / rates['torch']:.3f}")
 

@@ -386,6 +386,28 @@ def test_encode_benchmark_reads_any_model_directory(capsys, tmp_path, minilm_dir
     assert re.fullmatch(r"ratio_jax_over_torch=\d+\.\d+", lines[-1])
 
 
+def test_encode_benchmark_times_bfloat16_against_float32_in_one_run(capsys, tmp_path, minilm_dir):
+    """`--float32-baseline`: both frameworks in bfloat16 (the torch side under autocast on the
+    CPU) and in float32, alternating; the bfloat16 vectors stay close to the float32 ones."""
+    encode_throughput.main(
+        [
+            "--preset", "cpu-mpnet", "--model-dir", str(minilm_dir), "--num-layers", "1",
+            "--passages", "6", "--batch-size", "4", "--repeats", "1", "--record-stride", "1",
+            "--filings", str(REPO / "data" / "sample" / "filings.jsonl.gz"),
+            "--compile-cache", str(tmp_path / "cache"), "--dtype", "bfloat16",
+            "--float32-baseline",
+        ]
+    )  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    values = dict(line.split("=", 1) for line in lines if re.match(r"^\w+=", line))
+    for name in ("jax", "torch", "jax_float32", "torch_float32"):
+        assert float(values[f"{name}_passages_per_s"]) > 0
+    for name in ("jax", "torch"):
+        assert 0.99 < float(values[f"min_cosine_{name}_bfloat16_vs_float32"]) < 1.0
+        assert float(values[f"ratio_{name}_bfloat16_over_float32"]) > 0
+    assert float(values["min_cosine_jax_vs_torch"]) > 0.99
+
+
 @pytest.mark.slow(50)
 def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
     """prepare -> teacher vectors -> `caliber_jax.train` and the PyTorch loop, 4 steps each."""
