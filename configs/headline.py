@@ -27,8 +27,9 @@ trained objective. The step is every config's (docs/training_path.md): packed ro
 at most 3 row counts, gradients and update in one program per row count; the recorded runs
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
-Variant `verify`: the same recipe at a size two CPU cores run in 42 minutes from a fresh clone
-(teacher vectors and XLA compiles included; issue #57 asks ~30): 1,600 passages, 200 steps, a
+Variant `verify`: the same recipe at a size two CPU cores run in 33 minutes from a fresh clone
+where they have bfloat16 instructions (dtype `auto`), 42 in float32 elsewhere (teacher vectors and
+XLA compiles included; issue #57 asks ~30): 1,600 passages, 200 steps, a
 260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps (`--preset
 headline-verify` runs the twin, then mined and minednum side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).

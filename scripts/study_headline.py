@@ -3,7 +3,7 @@
     python scripts/study.py --preset headline --seeds 0,1 \
         --filings ../shared/data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
-        --filings ../shared/data/financebench/filings.jsonl.gz          # ~42 min on 2 CPU cores
+        --filings ../shared/data/financebench/filings.jsonl.gz          # 33-42 min on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
         --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
