@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from caliber_jax import host
+
 
 class RMSNorm(nnx.Module):
     """RMSNorm as in HF `Qwen3RMSNorm`: normalise in float32, then scale in the compute dtype."""
@@ -56,11 +58,11 @@ def linear(
 ) -> nnx.Linear:
     """A float32-weight `nnx.Linear` computing in `dtype` (HF's N(0, 0.02) init by default).
 
-    bfloat16 on the CPU multiplies through `cpu_bf16_matmul`: XLA's CPU backend runs a
-    bfloat16 x bfloat16 -> bfloat16 dot as a float32 dot (both operands converted), and one with
-    float32 products natively where the CPU has bfloat16 instructions. GPUs and TPUs keep the
-    plain dot, which accumulates in float32 there already."""
-    on_cpu = jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu"
+    bfloat16 on a CPU with bfloat16 instructions multiplies through `cpu_bf16_matmul`: XLA's CPU
+    backend runs a bfloat16 x bfloat16 -> bfloat16 dot as a float32 dot (both operands
+    converted), and one with float32 products natively there. Other CPUs (where that path was not
+    measured), GPUs and TPUs (which accumulate in float32 already) keep the plain dot."""
+    on_cpu = native_cpu_bf16(dtype)
     return nnx.Linear(
         d_in,
         d_out,
@@ -70,6 +72,13 @@ def linear(
         kernel_init=init or nnx.initializers.normal(0.02),
         rngs=rngs,
         **({"dot_general": _linear_dot, "promote_dtype": _promote_input} if on_cpu else {}),
+    )
+
+
+def native_cpu_bf16(dtype) -> bool:
+    """Whether `dtype` is bfloat16 computed on a CPU that multiplies it in hardware."""
+    return (
+        jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu" and host.native_bf16()
     )
 
 
@@ -367,7 +376,7 @@ def _einsum_attention(
 
 def _probs_times_values(spec: str, probs: jax.Array, v: jax.Array) -> jax.Array:
     """The attention's second matmul; bfloat16 on the CPU with float32 products (`linear`)."""
-    if v.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    if native_cpu_bf16(v.dtype):
         return jnp.einsum(spec, probs, v, preferred_element_type=jnp.float32).astype(v.dtype)
     return jnp.einsum(spec, probs, v)
 

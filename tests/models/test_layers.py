@@ -116,9 +116,17 @@ def test_cpu_bf16_matmul_gradients_are_those_of_the_rounded_float32_product():
     np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_linears_on_the_cpu_multiply_bfloat16_operands_forward_and_backward():
+def test_bfloat16_linears_on_the_cpu_multiply_bfloat16_operands_forward_and_backward(monkeypatch):
     """What makes it fast: every dot of a bfloat16 Linear's forward and backward takes bfloat16
-    operands (autodiff of a dot with float32 products would feed the weight's gradient float32)."""
+    operands (autodiff of a dot with float32 products would feed the weight's gradient float32),
+    on a CPU with bfloat16 instructions; other CPUs keep the plain Linear."""
+    from caliber_jax import host
+
+    monkeypatch.setattr(host, "native_bf16", lambda: False)
+    assert layers.linear(8, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)).dot_general is (
+        jax.lax.dot_general
+    )
+    monkeypatch.setattr(host, "native_bf16", lambda: True)
     lin = layers.linear(32, 16, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(lin)
     x = jnp.ones((4, 32), jnp.float32)
