@@ -287,17 +287,15 @@ def main(argv=None) -> None:
     )
     print(f"jax_padding_frac={1 - sum(lengths) / slots_jax:.3f}")
     print(f"torch_padding_frac={1 - sum(lengths) / slots_torch:.3f}")
+
+    def torch_encoder(*, bf16: bool, name: str) -> TorchEncoder:
+        return TorchEncoder(
+            make_torch, pad_id=model.pad_id, batch_size=args.batch_size, bf16=bf16, name=name
+        )
+
     encoders = [JaxEncoder(model, batch_size=args.batch_size)]
     if not args.skip_torch:
-        encoders.insert(
-            0,
-            TorchEncoder(
-                make_torch,
-                pad_id=model.pad_id,
-                batch_size=args.batch_size,
-                bf16=args.dtype == "bfloat16",
-            ),
-        )
+        encoders.insert(0, torch_encoder(bf16=args.dtype == "bfloat16", name="torch"))
     if args.float32_baseline:
         if args.dtype != "bfloat16":
             raise SystemExit("--float32-baseline compares bfloat16 with float32: add --dtype "
@@ -305,15 +303,7 @@ def main(argv=None) -> None:
         _, model32, _, _ = build_models(argparse.Namespace(**{**vars(args), "dtype": "float32"}))
         encoders.append(JaxEncoder(model32, batch_size=args.batch_size, name="jax_float32"))
         if not args.skip_torch:
-            encoders.append(
-                TorchEncoder(
-                    make_torch,
-                    pad_id=model.pad_id,
-                    batch_size=args.batch_size,
-                    bf16=False,
-                    name="torch_float32",
-                )  # fmt: skip
-            )
+            encoders.append(torch_encoder(bf16=False, name="torch_float32"))
     vectors = {}
     for encoder in encoders:
         start = time.perf_counter()
