@@ -1,5 +1,6 @@
 """What this host lets the process use; imports nothing heavy, so PyTorch-only scripts share it."""
 
+import functools
 import os
 from pathlib import Path
 
@@ -22,9 +23,10 @@ def usable_cores() -> int:
     return len(ids) if ids is not None else os.cpu_count() or 1
 
 
+@functools.cache
 def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
     """The first processor's feature flags (x86 `flags`, Arm `Features`) in /proc/cpuinfo; empty
-    where there is none (macOS)."""
+    where there is none (macOS). Read once per path (every bfloat16 Linear asks)."""
     path = Path(cpuinfo)
     if not path.is_file():
         return frozenset()
