@@ -79,24 +79,16 @@ class BertConfig:
         return self.hidden_size
 
 
-def embed_table(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Embed:
-    """A lookup table with HF's N(0, 0.02) init, float32 params (BERT, MPNet)."""
-    init = nnx.initializers.normal(0.02)
-    return nnx.Embed(
-        count, width, dtype=dtype, param_dtype=jnp.float32, embedding_init=init, rngs=rngs
-    )
-
-
 class BertEmbeddings(nnx.Module):
     """Word + absolute position + token-type embeddings, then LayerNorm."""
 
     def __init__(self, config: BertConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         d = config.hidden_size
-        self.word_embeddings = embed_table(config.vocab_size, d, dtype=dtype, rngs=rngs)
-        self.position_embeddings = embed_table(
+        self.word_embeddings = layers.embed(config.vocab_size, d, dtype=dtype, rngs=rngs)
+        self.position_embeddings = layers.embed(
             config.max_position_embeddings, d, dtype=dtype, rngs=rngs
         )
-        self.token_type_embeddings = embed_table(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
+        self.token_type_embeddings = layers.embed(config.type_vocab_size, d, dtype=dtype, rngs=rngs)
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
 
     def __call__(self, input_ids_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:

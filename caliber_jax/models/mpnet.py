@@ -115,8 +115,8 @@ class MPNetEmbeddings(nnx.Module):
 
     def __init__(self, config: MPNetConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         d = config.hidden_size
-        self.word_embeddings = bert.embed_table(config.vocab_size, d, dtype=dtype, rngs=rngs)
-        self.position_embeddings = bert.embed_table(
+        self.word_embeddings = layers.embed(config.vocab_size, d, dtype=dtype, rngs=rngs)
+        self.position_embeddings = layers.embed(
             config.max_position_embeddings, d, dtype=dtype, rngs=rngs
         )
         self.LayerNorm = layers.LayerNorm(d, eps=config.layer_norm_eps, dtype=dtype)
@@ -147,7 +147,7 @@ class MPNetEncoder(nnx.Module):
         self.config = config
         self.scan_layers = scan_layers
         self.embeddings = MPNetEmbeddings(config, dtype=dtype, rngs=rngs)
-        self.relative_attention_bias = bert.embed_table(
+        self.relative_attention_bias = layers.embed(
             NUM_BUCKETS, config.num_attention_heads, dtype=jnp.float32, rngs=rngs
         )
         self.layer = nnx.List(

@@ -172,13 +172,8 @@ class Qwen3Encoder(nnx.Module):
         self.config = config
         self.scan_layers = scan_layers
         self.attention = attention
-        self.embed_tokens = nnx.Embed(
-            config.vocab_size,
-            config.hidden_size,
-            dtype=dtype,
-            param_dtype=jnp.float32,
-            embedding_init=nnx.initializers.normal(0.02),
-            rngs=rngs,
+        self.embed_tokens = layers.embed(
+            config.vocab_size, config.hidden_size, dtype=dtype, rngs=rngs
         )
         self.layers = nnx.List(
             [

@@ -143,3 +143,59 @@ def test_bfloat16_linears_on_the_cpu_multiply_bfloat16_operands_forward_and_back
     # float32 compute keeps the plain Linear.
     plain = layers.linear(32, 16, dtype=jnp.float32, rngs=nnx.Rngs(0))
     assert plain.dot_general is jax.lax.dot_general
+
+
+# A bfloat16 cotangent summed over many rows: 3,000 reads of one row with gradient 0.01 each.
+READS, COTANGENT = 3000, 0.01
+EXACT = READS * float(jnp.asarray(COTANGENT, jnp.bfloat16))  # each term rounded once, 30.03
+
+
+def _grad_of_sum(module, inputs):
+    """d/dparams of sum(module(inputs) x 0.01), jitted as a training step is."""
+
+    def loss(module):
+        return jnp.sum(module(inputs).astype(jnp.float32) * COTANGENT)
+
+    return jax.jit(nnx.grad(loss))(module)
+
+
+def test_bfloat16_embedding_gradients_are_summed_in_float32():
+    """A row that thousands of tokens read gets their whole gradient: `nnx.Embed` rounds the table
+    to bfloat16 before the lookup, so its backward sums in bfloat16 and stops at 4.0 (seen before
+    this layer existed); the forward values are the same as that lookup's."""
+    table = layers.embed(10, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    ids = jnp.asarray([0] * READS + [3, 7], jnp.int32)
+    flax_embed = nnx.Embed(10, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    flax_embed.embedding[...] = table.embedding[...]
+    got = table(ids)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(got, np.float32), np.asarray(flax_embed(ids), np.float32)
+    )
+    grad = np.asarray(_grad_of_sum(table, ids).embedding[...])
+    assert grad.dtype == np.float32
+    np.testing.assert_allclose(grad[0], EXACT, rtol=1e-5)
+    np.testing.assert_allclose(grad[[3, 7]], float(jnp.asarray(COTANGENT, jnp.bfloat16)), rtol=1e-6)
+    np.testing.assert_array_equal(grad[[1, 2, 4, 5, 6, 8, 9]], 0.0)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bfloat16_bias_and_norm_gradients_are_summed_in_float32(monkeypatch, native):
+    """A bias's and an RMSNorm scale's gradient are sums over every row of a batch: in float32
+    (rounded to bfloat16 first, the sum came out 31.875 for 30.03), on both Linear paths; the
+    forward is the plain bfloat16 one."""
+    from caliber_jax import host
+
+    monkeypatch.setattr(host, "native_bf16", lambda: native)
+    lin = layers.linear(4, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = jnp.zeros((READS, 4), jnp.bfloat16)  # the output is the bias alone
+    np.testing.assert_array_equal(
+        np.asarray(lin(x), np.float32),
+        np.broadcast_to(np.asarray(lin.bias[...].astype(jnp.bfloat16), np.float32), (READS, 4)),
+    )
+    np.testing.assert_allclose(np.asarray(_grad_of_sum(lin, x).bias[...]), EXACT, rtol=1e-5)
+
+    norm = layers.RMSNorm(4, eps=1e-6, dtype=jnp.bfloat16)
+    ones = jnp.ones((READS, 4), jnp.bfloat16)  # normalised to 1: the output is the scale
+    np.testing.assert_array_equal(np.asarray(norm(ones), np.float32), 1.0)
+    np.testing.assert_allclose(np.asarray(_grad_of_sum(norm, ones).weight[...]), EXACT, rtol=1e-3)

@@ -34,7 +34,9 @@ from tests.multiprocess.conftest import (
 )
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(180)]
-LAYOUTS = {"packed": []}  # the only training layout (docs/training_path.md)
+# The only training layout (docs/training_path.md), in float32 and in bfloat16 (on a CPU with
+# bfloat16 instructions the latter multiplies through `layers.cpu_bf16_matmul`).
+LAYOUTS = {"packed": [], "packed_bf16": ["--config.model.dtype=bfloat16"]}
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +73,16 @@ def test_two_processes_match_one(runs, layout):
         log = (workdir.parent / f"{workdir.name}.log").read_text()
         assert "step=one_program" in log and "in_order=True" in log
     assert [row["step"] for row in logs[1]] == list(range(1, 7))
+    bf16 = layout.endswith("bf16")
     for key in ("train/grad_norm", "train/loss"):
         gaps = relative_gaps(logs[2], logs[1], key)
         print(f"{layout}: {key} relative gaps {[f'{gap:.2g}' for gap in gaps]}")
-        assert max(gaps) <= 1e-5, (key, gaps)
+        assert max(gaps) <= 1e-5 or bf16, (key, gaps)
+        # bfloat16: the first step (equal parameters) differs by the order of float32 sums only:
+        # seen 0 (3.2e-4 when bias, norm and embedding gradients were summed in bfloat16, whose
+        # rounding the two reduction orders hit differently). Later steps start from parameters
+        # 1e-8 apart, which flip some bfloat16 roundings: seen at most 1.2e-4.
+        assert gaps[0] <= 1e-5 and max(gaps) <= 1e-3, (key, gaps)
     two, step_two = flat_params(runs[(2, layout)])
     one, step_one = flat_params(runs[(1, layout)])
     assert step_two == step_one == 6
@@ -87,6 +95,11 @@ def test_two_processes_match_one(runs, layout):
     # embeddings) with XLA's oneDNN calls held to AVX2 as well (ONEDNN_MAX_CPU_ISA=AVX2; packed:
     # 2.3e-5). So every element within a tenth of lr, as tests/test_train.py's chunked gradients;
     # a row lost or counted twice moves params by ~lr, and the gradients above agree to 1e-5.
+    if bf16:  # rows whose exact gradient is ~0 (above) reach ~LR; every other weight matrix:
+        noisy = ("word_embeddings", "key.bias")
+        diff = max_abs_diff(*({k: v for k, v in p.items() if not any(n in k for n in noisy)}
+                              for p in (two, one)))  # fmt: skip
+        print(f"{layout}: without {noisy}: {diff:.3g}")  # seen 4.0e-5
     assert diff <= 0.1 * LR
     start = flatten_init(runs[(1, layout)])
     assert max_abs_diff(one, start) > 1e-4  # the runs trained
