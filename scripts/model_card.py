@@ -59,6 +59,17 @@ def objective_text(loss: dict) -> str:
             f"  {loss.get('perturb_weight')}.")  # fmt: skip
 
 
+def passages_text(config: dict) -> str:
+    """How many passages the run trained on: its data directory's record (`stats.json`, the
+    training split, e.g. only those with a mined question) where it is at hand, else the
+    configured sample ("20000 passages")."""
+    stats = Path(config.get("data", {}).get("dir") or "/nonexistent") / "stats.json"
+    count = json.loads(stats.read_text()).get("train_passages") if stats.is_file() else None
+    if count is None:
+        return f"{config.get('prepare', {}).get('max_passages')} passages"
+    return f"{count:,} training passages"
+
+
 def data_clause(prepare: dict) -> str:
     """What the Data line says of the training questions."""
     if prepare.get("queries_only"):
@@ -256,7 +267,7 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
 {evaluation_tables(results, [label, *starts, teacher])}
 ## Training Details
 
-- **Data:** {prepare.get("max_passages")} passages of SEC filings (FinanceBench's evaluation
+- **Data:** {passages_text(config)} of SEC filings (FinanceBench's evaluation
   filings excluded; NumGap from held-out filings only), one rule-based numeric perturbation each
   where a rule fires (categories {", ".join(prepare.get("categories", []))}; rules balanced within
   a category: {prepare.get("balance_rules")}; polarity rule: {polarity_scope}; category

@@ -102,6 +102,7 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     ]))  # fmt: skip
     (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
     config = headline.get_config()
+    config.data.dir = str(tmp_path / "data")  # no record there yet: the configured sample
     (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort())
     (tmp_path / "run" / "summary.json").write_text(json.dumps({"step": 2000}))
 
@@ -133,6 +134,17 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     assert "query-passage geometry" not in text and "20000 passages" in text  # no query term
     assert ("- Retrieval: FinanceBench nDCG@10 0.6123, above Initial t384 s0 (0.5557), below "
             "Teacher (0.6609)") in text  # fmt: skip
+    # With the run's data record at hand, the count it trained on (the training split).
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "stats.json").write_text(json.dumps({"train_passages": 18917}))
+    config.data.dir = str(data)
+    (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort())
+    text = model_card.write_card(
+        hf, label="Headline lp long s0", results=results, teacher="Teacher",
+        starts=["Initial t384 s0"], workdir=hf.parent, numgap_path="ng.jsonl",
+    ).read_text()  # fmt: skip
+    assert "**Data:** 18,917 training passages of SEC filings" in text
     assert "+ 50.0 x query-passage geometry" in model_card.query_clause(
         headline.get_config("query").loss.to_dict()
     )
