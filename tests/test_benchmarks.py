@@ -66,13 +66,13 @@ def test_cpu_description_names_the_vector_flags(tmp_path):
         "processor\t: 1\nmodel name\t: other\nflags\t\t: sse\n"
     )
     usable = host.usable_cores()
-    cores = f"{usable}" + ("" if usable == os.cpu_count() else f" (of {os.cpu_count()})")
+    cores = f"{usable} cores" + ("" if usable == os.cpu_count() else f" (of {os.cpu_count()})")
     assert common.cpu_description(cpuinfo) == (
-        f"AMD EPYC 9B45, {cores} cores, flags: amx_tile avx avx2 avx512bw avx512f fma"
+        f"AMD EPYC 9B45, {cores}, flags: amx_tile avx avx2 avx512bw avx512f fma"
     )
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse avx fma avx2\n")
     assert common.cpu_description(cpuinfo) == (
-        f"AMD EPYC, {cores} cores, flags: avx avx2 fma (no avx512)"
+        f"AMD EPYC, {cores}, flags: avx avx2 fma (no avx512)"
     )
 
 

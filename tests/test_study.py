@@ -209,17 +209,28 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, fin
     assert configs["Numeric s0"]["loss"]["objective"] == "neighbour"
 
 
-def test_a_failed_stage_stops_the_study_with_one_line_and_its_status(tmp_path):
+@pytest.mark.parametrize("jobs", [2, 1])
+def test_a_failed_stage_stops_the_study_with_one_line_and_its_status(tmp_path, jobs):
+    """Side by side (--jobs 2, the default on two or more usable cores) a stage's output goes to
+    its log and its last lines to the study's summary; one after the other (--jobs 1, the default
+    on one core) it streams, so the stage's error line is the one line above the study's."""
     missing = tmp_path / "no_such_filings.jsonl.gz"
     argv = [sys.executable, "scripts/study.py", "--preset", "smoke", "--output",
-            str(tmp_path / "out"), "--filings", str(missing)]  # fmt: skip
+            str(tmp_path / "out"), "--filings", str(missing), f"--jobs={jobs}"]  # fmt: skip
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
     assert result.returncode == 2  # the failed stage's own status (a user error)
     assert "Traceback" not in result.stdout + result.stderr
-    assert str(missing) in result.stdout  # the stage's own error line, in its summary
-    (line,) = result.stderr.strip().splitlines()
+    lines = result.stderr.strip().splitlines()
+    if jobs == 2:
+        assert str(missing) in result.stdout  # the stage's own error line, in its summary
+    else:
+        assert len(lines) == 2 and lines[0].startswith("error: ") and str(missing) in lines[0]
+    line = lines[-1]
+    assert len(lines) == 3 - jobs
     assert line.startswith("study: stopped: stage `python -m caliber_jax.prepare ")
     assert "rerun the same command to resume" in line
+    if jobs == 1:
+        return
     # --traceback shows where it stopped.
     traced = subprocess.run([*argv, "--traceback"], cwd=REPO, capture_output=True, text=True,
                             check=False)  # fmt: skip
