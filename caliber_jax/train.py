@@ -142,6 +142,7 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         # Packed rows split evenly over this process's devices.
         pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
         pack_rungs=config.data.pack_rungs,
+        pack_first_steps=config.data.get("pack_first_steps", 0) if train else 0,
         process_rows=process_rows,
         lengths=lengths,
         query_length=config.data.get("query_length", 32),

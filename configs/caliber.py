@@ -90,6 +90,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # smallest rung that holds it: an epoch compiles at most pack_rungs step programs (a later
     # epoch's batch that needs more rows than any of epoch 0's takes the fallback).
     config.data.pack_rungs = 3
+    # Epoch 0 starts with this many batches of its most common row count (the others follow in
+    # their shuffled order), so that compile-ahead builds the other counts' programs while those
+    # steps run rather than a step waiting for one (pipeline.make_batch_fn). On one NVIDIA H200
+    # (2026-11-29, 4a6f2a7, plain order): the epoch's second batch waited ~47 s for its program;
+    # the shared filings' epoch has 2,823 batches of 11 rows, 1,470 of 13 and 228 of 17, and
+    # 800 steps are ~60 s at that run's mean of 0.086 s a step.
+    config.data.pack_first_steps = 800
     # Right-padded batches, for the PyTorch side of benchmarks/train_throughput.py and the
     # padded reference of the tests (not a training path): lengths on the ladder 32, 64, 96,
     # 160, 256, 384, 512 (x 1.5); pi(x) of the perturbed rows only, their count rounded up to 16.

@@ -76,6 +76,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # concurrent compile slowed the 100-step study epoch down (benchmarks/train_end_to_end.py on
     # 2 cores: 437.7 s with it, 417.8 s without; BENCHMARKS.md). It pays on GPUs and TPUs.
     config.compile_ahead = False
+    # Nothing compiles beside the steps, so epoch 0 keeps its plain shuffled order (the recorded
+    # CPU studies' batches).
+    config.data.pack_first_steps = 0
     config.data.read_threads = 2
 
     config.model.init_dir = minilm_dir()

@@ -5,7 +5,8 @@ model on a GPU), so sequences are padded to lengths from a short geometric ladde
 the longest row. No jax here: the loader and the benchmarks use it on the host.
 """
 
-from collections.abc import Sequence
+import collections
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -177,3 +178,31 @@ def row_ladder(needed: Sequence[int], *, rungs: int, worst: int, multiple: int) 
         chosen.append(values[j])
         j, k = choice[k][j], k - 1
     return tuple(sorted({*chosen, top}))
+
+
+def shape_first_order(shapes: Sequence[Hashable], steps: int) -> np.ndarray:
+    """An order of an epoch's batches whose first `steps` share one shape.
+
+    The first `steps` batches of the epoch's most common shape (ties: the one met first) come
+    first, in their order; every other batch follows in its order. Each batch is still met once
+    per epoch. With the first step's program built, the others compile while those steps run
+    (`compile_ahead`), instead of the second step waiting for its shape's.
+
+    Args:
+      shapes: each batch's shape (anything hashable; equal values, equal programs), in order.
+      steps: how many leading steps share the most common shape (fewer if it has fewer batches).
+
+    Returns:
+      [len(shapes)] int64: position i of the new order takes batch order[i].
+    """
+    if steps < 0:
+        raise ValueError(f"steps={steps} must be >= 0")
+    shapes = list(shapes)
+    counts = collections.Counter(shapes)  # in the order first met: max keeps the first of a tie
+    if not counts or steps == 0:
+        return np.arange(len(shapes), dtype=np.int64)
+    common = max(counts, key=counts.__getitem__)
+    first = [i for i, shape in enumerate(shapes) if shape == common][:steps]
+    chosen = set(first)
+    rest = [i for i in range(len(shapes)) if i not in chosen]
+    return np.asarray(first + rest, dtype=np.int64)

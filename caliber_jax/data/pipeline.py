@@ -331,6 +331,7 @@ def make_batch_fn(
     pack_length: int = 0,
     pack_rows_multiple: int = 1,
     pack_rungs: int = 0,
+    pack_first_steps: int = 0,
     process_rows: np.ndarray | None = None,
     lengths: tuple[np.ndarray, np.ndarray] | None = None,
     query_length: int = 32,
@@ -379,6 +380,11 @@ def make_batch_fn(
         epoch 0 meets at most `pack_rungs` shapes), then a fallback of 2b rows (b = B / P: one
         sequence per row), which any batch fits, for a later epoch's batch that needs more
         rows than any of epoch 0's.
+      pack_first_steps: the packed layout's epoch 0 starts with this many batches of its most
+        common row count (`padding.shape_first_order`: those batches move ahead, every other
+        batch keeps its order after them), so that the other counts' programs compile while
+        those steps run (`compile_ahead`) instead of a step waiting for them; later epochs keep
+        their shuffled order. 0 = epoch 0's plain order.
       process_rows: [process_count, b] global batch positions of each process's rows, as the
         device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
         process order. Process p reads the planned batch's rows at process_rows[p], so the
@@ -399,6 +405,8 @@ def make_batch_fn(
             f"pack_length={pack_length} must be 0 (off) or >= max_length={max_length}, with "
             f"pack_rows_multiple={pack_rows_multiple} >= 1 and pack_rungs={pack_rungs} >= 1"
         )
+    if pack_first_steps < 0 or (pack_first_steps and not pack_length):
+        raise ValueError(f"pack_first_steps={pack_first_steps} needs >= 0 and the packed layout")
     if pad_to_multiple < 1 or max_length < 1 or length_group_window < 1:
         raise ValueError(
             f"need pad_to_multiple, max_length, length_group_window >= 1, got {pad_to_multiple}, "
@@ -451,12 +459,14 @@ def make_batch_fn(
         query_length=query_length,
     )
     if pack_length:
+        needed = [load_batch.rows_needed(step) for step in range(per_epoch)]
         load_batch.pack_ladder = padding.row_ladder(
-            [load_batch.rows_needed(step) for step in range(per_epoch)],
-            rungs=pack_rungs,
-            worst=2 * local,
-            multiple=pack_rows_multiple,
+            needed, rungs=pack_rungs, worst=2 * local, multiple=pack_rows_multiple
         )
+        if pack_first_steps:
+            # The ladder does not depend on the order (every batch of epoch 0 counts once).
+            counts = [padding.bucket_for(n, load_batch.pack_ladder) for n in needed]
+            load_batch.first_epoch_order = padding.shape_first_order(counts, pack_first_steps)
     return load_batch
 
 
@@ -552,6 +562,8 @@ class _LoadBatch:
         self._empty: int | None = None
         # The packed layout's row counts (`make_batch_fn` sets them from epoch 0's batches).
         self.pack_ladder: tuple[int, ...] = ()
+        # Epoch 0's order of its planned batches (`make_batch_fn`'s pack_first_steps), or None.
+        self.first_epoch_order: np.ndarray | None = None
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         o = self.options
@@ -616,6 +628,8 @@ class _LoadBatch:
                 drop_remainder=o["drop_remainder"],
             )
             cached = self._cache = (epoch, plan)
+        if epoch == 0 and self.first_epoch_order is not None:
+            position = int(self.first_epoch_order[position])
         rows = cached[1][position]
         real = rows >= 0
         filled = rows.copy()

@@ -102,3 +102,20 @@ def test_row_ladder_dynamic_programme_matches_brute_force():
 def test_row_ladder_checks():
     with pytest.raises(ValueError, match="rungs"):
         padding.row_ladder([1], rungs=0, worst=4, multiple=1)
+
+
+def test_shape_first_order_leads_with_the_most_common_shape():
+    shapes = [13, 11, 17, 11, 13, 11, 17, 11]
+    order = padding.shape_first_order(shapes, 3)
+    # The first three 11s (positions 1, 3, 5), then everything else in its order.
+    np.testing.assert_array_equal(order, [1, 3, 5, 0, 2, 4, 6, 7])
+    assert [shapes[i] for i in order[:3]] == [11, 11, 11]
+    # More steps than the common shape has batches: all of them lead.
+    np.testing.assert_array_equal(padding.shape_first_order(shapes, 9), [1, 3, 5, 7, 0, 2, 4, 6])
+    # A tie goes to the shape met first; 0 steps keep the order.
+    np.testing.assert_array_equal(padding.shape_first_order([2, 1, 1, 2], 1), [0, 1, 2, 3])
+    np.testing.assert_array_equal(padding.shape_first_order([1, 2, 2, 1], 1), [0, 1, 2, 3])
+    np.testing.assert_array_equal(padding.shape_first_order([2, 1, 1, 2], 2), [0, 3, 1, 2])
+    np.testing.assert_array_equal(padding.shape_first_order(shapes, 0), np.arange(8))
+    with pytest.raises(ValueError, match="steps=-1"):
+        padding.shape_first_order(shapes, -1)

@@ -303,10 +303,15 @@ def absl_flags_parsed():
         flags.FLAGS.unparse_flags()
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [{}, dict(length_group_window=1, pack_length=64, pack_rungs=3, pack_first_steps=3)],
+    ids=["padded", "packed_first_steps"],
+)
 @pytest.mark.parametrize("worker_count", [0, 1])
-def test_resume_from_iterator_state(corpus, worker_count, absl_flags_parsed):
+def test_resume_from_iterator_state(corpus, worker_count, layout, absl_flags_parsed):
     source = corpus[0]
-    options = dict(num_epochs=2, length_group_window=2)
+    options = dict(num_epochs=2, length_group_window=2) | layout
     expected = batches(source, worker_count=0, **options)
     iterator = iter(loader(source, worker_count=worker_count, **options))
     head = [next(iterator) for _ in range(3)]
@@ -696,3 +701,49 @@ def test_geometry_decides_each_batch_shape(corpus, layout):
         shape = tuple((k, v.shape) for k, v in sorted(batch.items()))
         assert shapes.setdefault(batch_fn.geometry(step), shape) == shape
     assert len(set(shapes.values())) == len(shapes) > 1  # distinct geometry, distinct shapes
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_pack_first_steps_share_one_row_count(corpus, process_count):
+    """Epoch 0 starts with `pack_first_steps` batches of its most common row count, meets every
+    batch of the plain order once, on every process alike; later epochs are untouched."""
+    source = corpus[0]
+    fns = {
+        first: [
+            packed_batch_fn(
+                source,
+                batch_size=4,
+                pack_rungs=3,
+                pack_first_steps=first,
+                process_index=p,
+                process_count=process_count,
+            )
+            for p in range(process_count)
+        ]
+        for first in (0, 4)
+    }
+    plain, ordered = fns[0][0], fns[4][0]
+    epoch = plain.per_epoch
+    assert ordered.pack_ladder == plain.pack_ladder
+    counts = [plain.geometry(step) for step in range(epoch)]
+    common = max(set(counts), key=counts.count)
+    assert len(set(counts)) > 1, "one row count only: the order would not change"
+    assert [ordered.geometry(step) for step in range(4)] == [common] * 4
+    rows = [tuple(fn._global_batch(step)[0]) for fn in (plain, ordered) for step in range(epoch)]
+    assert sorted(rows[:epoch]) == sorted(rows[epoch:]) and rows[:epoch] != rows[epoch:]
+    # Every process computes the same order: one shape, and together the global batch.
+    for step in range(epoch):
+        parts = [fn(step) for fn in fns[4]]
+        assert len({part["packed_ids"].shape for part in parts}) == 1
+        np.testing.assert_array_equal(
+            np.concatenate([part["index"] for part in parts]), ordered._global_batch(step)[0]
+        )
+    for step in range(epoch, 2 * epoch):  # epoch 1: the plain order
+        np.testing.assert_array_equal(ordered(step)["index"], plain(step)["index"])
+
+
+def test_pack_first_steps_checks(corpus):
+    with pytest.raises(ValueError, match="pack_first_steps=-1"):
+        packed_batch_fn(corpus[0], pack_first_steps=-1)
+    with pytest.raises(ValueError, match="pack_first_steps=2 needs"):
+        packed_batch_fn(corpus[0], pack_length=0, pack_first_steps=2)
