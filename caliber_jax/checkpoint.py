@@ -2,7 +2,9 @@
 
 One composite checkpoint per saved step, written by Orbax's CheckpointManager (atomic: a step
 directory only appears once complete), keep-N, restored into an abstract state carrying shardings.
-Directories may be URLs (`gs://bucket/run/checkpoints`); Orbax handles them through epath.
+Saves may be asynchronous: the caller waits for the device-to-host copy only, and a background
+thread writes the files. Directories may be URLs (`gs://bucket/run/checkpoints`); Orbax handles
+them through epath.
 """
 
 import os
@@ -22,18 +24,22 @@ def make_manager(
     max_to_keep: int,
     save_interval_steps: int,
     keep_period: int | None = None,
+    asynchronous: bool = False,
 ) -> ocp.CheckpointManager:
     """CheckpointManager for `{state, data_iter}` items under `directory`.
 
     `max_to_keep` latest steps are kept; with `keep_period`, every step divisible by it is kept
     as well (mid-run checkpoints to export and score later, e.g. `scripts/sweep.py --checkpoints`).
+    With `asynchronous`, `save` returns once the state is in host memory and the files are written
+    in the background: the caller must `close()` the manager (or `wait_until_finished()`) before
+    the process exits, or the last step stays an unfinished temporary directory.
     """
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         keep_period=keep_period or None,
         save_interval_steps=save_interval_steps,
         create=True,
-        enable_async_checkpointing=False,
+        enable_async_checkpointing=asynchronous,
     )
     handlers = {
         "state": ocp.StandardCheckpointHandler(),
@@ -50,13 +56,22 @@ def save(
     *,
     force: bool = False,
 ) -> bool:
-    """Saves when the manager's interval says so (or `force`); returns whether it saved."""
+    """Saves when the manager's interval says so (or `force`); returns whether it saved.
+
+    A synchronous manager returns with the step written. An asynchronous one (`make_manager`)
+    first waits for its previous save, then returns once this step's arrays are copied to host
+    memory and the iterator's position is written, so the caller may advance both at once (the
+    next train step may donate the state's buffers); the arrays are written and the step made
+    visible in a background thread.
+    """
+    # Orbax's async save of a jax.Array copies it to host memory before `manager.save` returns
+    # (PyTreeCheckpointHandler's default, no device-to-host byte limit: every array is a
+    # "prioritized", synchronous transfer). Grain's handler is synchronous: Orbax runs it inside
+    # the same blocking phase, so the saved position is the one of `step`.
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state), data_iter=grain.checkpoint.CheckpointSave(data_iter)
     )
-    saved = manager.save(step, args=args, force=force)
-    manager.wait_until_finished()
-    return saved
+    return manager.save(step, args=args, force=force)
 
 
 def restore(

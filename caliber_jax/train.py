@@ -514,10 +514,15 @@ def _train(
         max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every,
         keep_period=config.keep_period,
+        # The step goes on while a background thread writes the files (see `checkpoint.save`).
+        asynchronous=config.get("checkpoint_async", True),
     )
     # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
     latest = manager.latest_step()
     with contextlib.ExitStack() as cleanup:
+        # Last out: however train() ends (finished, SIGTERM, an exception), the last save is
+        # written and its step made visible before it returns, so a preempted job exits with it.
+        cleanup.callback(manager.close)
         if path.compile_ahead:
             # Before the state is built (restored or initialised), the validation inputs and the
             # writer: the first step's program compiles beside them, from the state's shapes;
@@ -553,13 +558,13 @@ def _train(
             else None
         )
         sigterm = SigtermFlag()
-        # Joining the compile thread and closing the manager (the last save) have the long limit.
+        # Joining the compile thread and closing the manager (finishing the last save) have the
+        # long limit.
         cleanup.callback(stall.enter, "closing")
         summary = _loop(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
             val_factory, sigterm, stall, marks,
         )  # fmt: skip
-    manager.close()
     if writer is not None:
         writer.close()
     # The compute dtype a config's "auto" became on this machine (`embedder.resolve_dtype_name`).

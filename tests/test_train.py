@@ -114,6 +114,12 @@ def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
     assert not (workdir / "summary.json").exists()
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and 0 < max(steps) < 400
+    # The stop step's checkpoint (saved asynchronously) was finished before the exit: restorable,
+    # and no temporary directory of an unfinished write is left.
+    metrics = (workdir / "metrics.jsonl").read_text().splitlines()
+    logged = [json.loads(line)["step"] for line in metrics]
+    assert checkpoint.restore_params(workdir / "checkpoints")[1] == max(logged) == max(steps)
+    assert all(p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
 
 
 def test_watchdog_ends_a_run_that_hangs_in_start_up(data_dir, tmp_path):
