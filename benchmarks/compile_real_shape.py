@@ -100,7 +100,7 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
     import numpy as np
     from flax import nnx
 
-    from caliber_jax import optim, sharding, step, tokenization, training_path
+    from caliber_jax import sharding, step, tokenization, train, training_path
     from caliber_jax.data import pipeline
     from caliber_jax.models import embedding
 
@@ -133,15 +133,8 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         del student
         params = nnx.to_pure_dict(state)
         del state
-    total = 1000
-    schedule = optim.make_schedule(
-        lr=config.optim.lr,
-        total_steps=total,
-        warmup_frac=config.optim.warmup_frac,
-        schedule=config.optim.schedule,
-        cycles=config.optim.cycles,
-    )
-    optimizer = optim.make_optimizer(total_steps=total, **config.optim)
+    # The schedule's length only shapes the learning rate; train's own optimizer and schedule.
+    optimizer, schedule = train.optimizer_and_schedule(config, 1000)
     init = functools.partial(step.init_state, optimizer=optimizer, seed=config.seed)
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     state_shardings = sharding.param_shardings(mesh, jax.eval_shape(init, params))
@@ -150,13 +143,7 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
     else:
         state = jax.jit(init, out_shardings=state_shardings)(params)
     del params
-    loss = config.loss
-    loss_args = dict(
-        reduction=loss.reduction,
-        objective=loss.get("objective", "caliber"),
-        perturb_weight=loss.get("perturb_weight", 1.0),
-        structure_weight=loss.structure_weight,
-    )
+    loss_args, weights = train.loss_arguments(config)
     # The step caliber_jax.train builds for this config (lambda and m traced, state donated).
     path = training_path.choose(
         platform=jax.devices()[0].platform,
@@ -167,7 +154,6 @@ def build(args, *, scan: bool, remat: str, abstract: bool):
         compile_ahead=False,
         scan_layers=scan,
     )
-    weights = {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
     train_step = training_path.make_train_step(
         path, graphdef=graphdef, optimizer=optimizer, schedule=schedule, loss_args=loss_args,
         weights=weights, mesh=mesh, state_shardings=state_shardings,

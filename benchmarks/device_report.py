@@ -20,15 +20,18 @@ subprocess under its own time limit and all of them under `--limit-s`:
     steps it ran and the launch-to-exit time they project.
   train_warm: the same command launched again with the epoch's compilation cache, stopped after
     a few steps: the warm launch to the first step.
-  student_packed: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b`, the packed step
-    `train` runs (the run's row ladder, XLA attention, the config's remat) at the paper's batch
-    (32 passages), one batch: step time, real tokens/s, MFU, peak memory, a profile of three more
-    steps, and beside it on the same passages (padded: PyTorch has no packed path) PyTorch eager
-    and PyTorch under `torch.compile` (`TORCH_COMPILE`, default reduce-overhead: CUDA graphs of
-    the fixed shapes), SDPA, fused AdamW, bf16 autocast over float32 weights;
-    `ratio_jax_over_torch` is against the faster PyTorch row (issue #55 part 4).
+  student_packed: `benchmarks/train_throughput.py --preset gpu-qwen3-0.6b --data-dir --init-dir`
+    on setup's split and model at the epoch's batch (the config's: the paper's 32 passages): one
+    of the epoch's first steps (train's own batches and row ladder), its JAX step program the one
+    `train_epoch` compiled, read from the epoch's compilation cache (`jax_step_cache_hits`: no
+    compile here); step time, real tokens/s, MFU, peak memory, a profile of three more steps, and
+    beside it on the same passages (padded: PyTorch has no packed path) PyTorch eager and PyTorch
+    under `torch.compile` (`TORCH_COMPILE`, default reduce-overhead: CUDA graphs of the fixed
+    shapes), SDPA, fused AdamW, bf16 autocast over float32 weights; `ratio_jax_over_torch` is
+    against the faster PyTorch row (issue #55 part 4).
   student_packed_16k: the same step at >= 16K real tokens per step (112 passages), JAX only,
-    with its profile (issue #55 part 2).
+    with its profile (issue #55 part 2): another batch, so another program, compiled here (with
+    the epoch's cache directory, XLA's per-fusion autotuning results are shared).
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
     Qwen3-Embedding-8B-shaped weights, bf16, JAX only) over 10,240 real passages through
     `Embedder.encode_ids`, the length-sorted, bucket-padded batches `embed_teacher` runs (a
@@ -36,7 +39,10 @@ subprocess under its own time limit and all of them under `--limit-s`:
     the hours projected for the paper's 839K texts (issue #55 part 5).
   worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch: XLA's
     compile seconds and buffer assignment of the step, layers scanned and unrolled.
-The benchmark parts share a compilation cache of their own, so the train launches start cold.
+The train launches and the student parts share one compilation cache (`train_cache`), which the
+epoch starts cold; the 8B encode keeps its own. The student parts read setup's split and model
+from `--work` (call 1's, on the same machine; else PARTS=setup,... first: without the epoch's
+cache their JAX step compiles, `jax_step_cache_hits=0`).
 Each part's result is printed when it ends and the JSON file is rewritten atomically, so a run
 cut short keeps every part it finished. `CALIBER_DEVICE_REHEARSAL=1` runs the same parts on the
 CPU with a two-layer toy Qwen3 (`common.QWEN3_TINY`), 64 tokens, small batches, `torch.compile`
@@ -72,7 +78,8 @@ REHEARSAL = os.environ.get("CALIBER_DEVICE_REHEARSAL", "") not in ("", "0")
 TRAIN_FLAGS = shlex.split(os.environ.get("TRAIN_FLAGS", ""))
 CONFIG = "configs/caliber.py"
 STUDENT_KEYS = ("jax_step_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
-                "jax_peak_memory_bytes", "jax_compile_s", "real_tokens_per_batch")  # fmt: skip
+                "jax_peak_memory_bytes", "jax_compile_s", "jax_step_cache_hits",
+                "real_tokens_per_batch")  # fmt: skip
 # benchmarks/profile_summary.py's figures of the traced steps (train_throughput --profile-dir).
 PROFILE_KEYS = ("profile_busy_frac", "profile_ops_per_step", "profile_window_ms_per_step")
 TORCH_KEYS = ("torch_step_s", "torch_real_tokens_per_s", "torch_compiled_step_s",
@@ -80,10 +87,11 @@ TORCH_KEYS = ("torch_step_s", "torch_real_tokens_per_s", "torch_compiled_step_s"
               "ratio_jax_over_torch_eager", "ratio_jax_over_torch_compiled")  # fmt: skip
 # The torch.compile mode of the PyTorch baseline's second row (train_throughput --torch-compile).
 TORCH_COMPILE = os.environ.get("TORCH_COMPILE", "reduce-overhead")
-# How each student part runs train_throughput.py: passages per step, whether PyTorch runs beside
-# it (eager and compiled) and whether three more steps are traced (the profile).
+# How each student part runs train_throughput.py: passages per step (None: the train launches'
+# batch, so the step is the epoch's own program), whether PyTorch runs beside it (eager and
+# compiled) and whether three more steps are traced (the profile).
 STUDENT_PARTS = {
-    "student_packed": dict(batch=32, torch=True, profile=True),
+    "student_packed": dict(batch=None, torch=True, profile=True),
     "student_packed_16k": dict(batch=112, profile=True),
 }
 TRAIN_KEYS = ("first_step_s", "step_s", "steps_seen")
@@ -125,11 +133,12 @@ SIZES = {
     "passages": 128 if REHEARSAL else 0,
     "train_steps": 4 if REHEARSAL else 8,
     "bench": (
-        ["--max-length", "64", "--num-batches", "1", "--repeats", "2", "--min-steps", "2",
-         "--pool", "64", "--peak-flops", "1e12"]
+        ["--num-batches", "1", "--repeats", "2", "--min-steps", "2", "--pool", "64",
+         "--peak-flops", "1e12"]
         if REHEARSAL
-        # One batch (the median of the pool's epoch), so one compile per framework: the aea2ba0
-        # run's H200 compiled each shape of this step in 50-100 s.
+        # One batch (the median of the epoch's first 1024 / B steps), so one program per
+        # framework: the aea2ba0 run's H200 compiled each shape of this step in 50-100 s (the
+        # student_packed part's JAX one now comes from the epoch's cache).
         else ["--num-batches", "1", "--repeats", "5", "--min-steps", "3", "--pool", "1024"]
     ),
     "bench_batch_scale": 0.25 if REHEARSAL else 1.0,  # toy batches: 8 and 28 passages
@@ -273,11 +282,16 @@ def setup(args, work: Path) -> dict:
     }
 
 
+def train_cache(work: Path) -> Path:
+    """The train launches' persistent compilation cache, which the student parts read."""
+    return work / "xla_cache"
+
+
 def train_command(args, work: Path, name: str, extra: list[str]) -> list[str]:
     """`caliber_jax.train --config configs/caliber.py` on setup's data, workdir WORK/name."""
     return [
         args.python, "-m", "caliber_jax.train", f"--config={CONFIG}", f"--workdir={work / name}",
-        f"--compilation_cache={work / 'xla_cache'}", f"--config.model.init_dir={work / 'model'}",
+        f"--compilation_cache={train_cache(work)}", f"--config.model.init_dir={work / 'model'}",
         f"--config.data.dir={work / 'data'}", "--config.data.validate=False", *SIZES["config"],
         *extra, *TRAIN_FLAGS,
     ]  # fmt: skip
@@ -292,7 +306,7 @@ def train_launch(args, work: Path, name: str, limit: float, *, to_exit: bool) ->
     # fetches from the device). Neither changes the step's program, so both share the cache.
     extra = [*SIZES["log_every"]] if to_exit else ["--config.log_every=1"]
     command = train_command(args, work, name, extra)
-    cache = work / "xla_cache"
+    cache = train_cache(work)
     cached = _files(cache)
     log_path = work / f"{name}.log"
     log = log_path.open("w")
@@ -352,7 +366,7 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
     """The epoch's figures from its metrics lines (one per `log_every` steps: passages/s and real
     tokens/s of the window since the last) and its log's `compile:` line."""
     setup_record = json.loads((work / "setup.json").read_text())
-    batch = _batch_size()
+    batch = train_setting("batch_size")
     total_steps = setup_record["passages"] // batch  # drop_remainder
     # A window's seconds are its passages over its passages/s; its tokens follow.
     windows = [(b - a, batch * (b - a) / row["train/seq_per_s"], row["train/tokens_per_s"])
@@ -390,13 +404,20 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
     return result
 
 
-def _batch_size() -> int:
-    """Passages per step of the train launches: the config's, or an override."""
-    batch = common.load_config(CONFIG).batch_size
+def train_setting(field: str):
+    """A config field as the train launches run it: the config's value, or its override in the
+    rehearsal's sizes or TRAIN_FLAGS (`batch_size`, `model.remat`, ...; bool, int or str)."""
+    value = common.load_config(CONFIG)
+    for key in field.split("."):
+        value = value[key]
     for flag in SIZES["config"] + TRAIN_FLAGS:
-        if flag.startswith("--config.batch_size="):
-            batch = int(flag.split("=", 1)[1])
-    return batch
+        name, _, text = flag.partition("=")
+        if name == f"--config.{field}":
+            if isinstance(value, bool):
+                value = text.lower() in ("true", "1")
+            else:
+                value = type(value)(text)
+    return value
 
 
 def _flops_per_token(tokens_per_sequence: float) -> float:
@@ -457,20 +478,24 @@ def _files(directory: Path) -> int:
 
 
 def run_part(args, work: Path, name: str, limit: float) -> dict:
-    config = common.load_config(CONFIG)
-    model = config.model
     if name == "setup":
         return setup(args, work)
     if name in ("train_epoch", "train_warm"):
         return train_launch(args, work, name, limit, to_exit=name == "train_epoch")
     if name in STUDENT_PARTS:
         part = STUDENT_PARTS[name]
-        batch = max(4, round(part["batch"] * SIZES["bench_batch_scale"]))
-        flags = ["--preset", "gpu-qwen3-0.6b", "--model", SIZES["student"], "--filings",
-                 args.filings, "--record-stride", "1", "--scan-layers", str(int(model.scan_layers)),
-                 "--remat", model.remat, "--jax-attention", model.attention,
-                 "--batch-size", str(batch), "--compile-cache", str(work / "xla_cache_bench"),
-                 *SIZES["bench"]]  # fmt: skip
+        batch = train_setting("batch_size")
+        if part["batch"] is not None:
+            batch = max(4, round(part["batch"] * SIZES["bench_batch_scale"]))
+        # Setup's split and model, the train launches' model settings and their cache: at the
+        # epoch's batch, the JAX step is the program train_epoch compiled (train_throughput.py).
+        flags = ["--preset", "gpu-qwen3-0.6b", "--data-dir", str(work / "data"), "--init-dir",
+                 str(work / "model"), "--batch-size", str(batch),
+                 "--max-length", str(train_setting("data.max_length")),
+                 "--dtype", train_setting("model.dtype"), "--remat", train_setting("model.remat"),
+                 "--jax-attention", train_setting("model.attention"),
+                 "--scan-layers", str(int(train_setting("model.scan_layers"))),
+                 "--compile-cache", str(train_cache(work)), *SIZES["bench"]]  # fmt: skip
         if part.get("torch"):
             flags += ["--torch-compile", TORCH_COMPILE,
                       "--torch-compile-backend", SIZES["torch_backend"]]  # fmt: skip
@@ -485,7 +510,7 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
             result["profile"] = json.loads(summary.read_text())
         return result
     if name == "worst_shape_compile":
-        return worst_shape_compile(args, work, model.remat, limit)
+        return worst_shape_compile(args, work, train_setting("model.remat"), limit)
     if name == "teacher_8b_encode":
         # The training split's passages (carried gzipped), else the filings.
         texts = args.passages_gz if Path(args.passages_gz or "-").is_file() else args.filings
@@ -542,7 +567,8 @@ def main(argv=None) -> None:
         report["parts"][name] = result
         write_atomic(out, report)
         shown = {k: v for k, v in result.items() if k in REQUIRED[name] or k in (
-            "rc", "wall_s", "missing", "skipped", "error", "device_kind", "startup")}  # fmt: skip
+            "rc", "wall_s", "missing", "skipped", "error", "device_kind", "startup",
+            "jax_step_programs")}  # fmt: skip
         print(f"{name}: {json.dumps(shown, default=str)}", flush=True)
     print(f"wrote {out} ({time.perf_counter() - clock:.0f} s)")
 

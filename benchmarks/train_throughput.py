@@ -2,32 +2,43 @@
 
     python benchmarks/train_throughput.py --preset cpu-minilm        # this CPU box, < 1 minute
     python benchmarks/train_throughput.py --preset gpu-qwen3-0.6b    # one H100 / H200
+    # The first steps of a `caliber_jax.train` run, its step program read from its cache:
+    python benchmarks/train_throughput.py --preset gpu-qwen3-0.6b --data-dir DATA \
+        --init-dir MODEL --compile-cache CACHE    # train's data.dir, model.init_dir, cache
 
 Both frameworks get the same batches and the same weights. Batches come from the training
-pipeline itself: real filings passages (a seeded share of them with a pi(x)) and random teacher
-vectors are written as a `pipeline.TrainSource`, and `pipeline.make_loader` cuts, tokenizes and pads
-one epoch with the data settings of the preset's config (`configs/demo.py` on CPU, `configs/
-caliber.py` on GPU): padded rows for PyTorch (bucket ladder, length grouping), and the same
-steps' passages in the packed rows `train` runs (`data.pack_length`, `data.pack_rungs`) for JAX;
-a few batches, taken at evenly spaced quantiles of their token count, stand for the epoch. JAX
-runs the step `caliber_jax.train` builds (`training_path.choose` and `make_train_step` from the
-config: the config's whole loss, lambda and m traced, its optimizer and schedule, state donated,
-the same shardings); attention is the library's `attention=` option. PyTorch is the authors'
-recipe as one writes it in PyTorch
-(`benchmarks/torch_reference.py`): transformers' model with SDPA attention, a forward over x
-padded to the batch max, a second forward over only the perturbed rows, the same loss (eq. 4),
-gradient clipping, fused AdamW, float32 weights under bf16 autocast on GPU; PyTorch has no
-packed path, so it gets the same passages padded. `--torch-compile MODE` adds a second PyTorch
-row, the model under `torch.compile` (`reduce-overhead`: CUDA graphs of the fixed shapes), and
-the final ratio is against the faster of the two.
+pipeline itself, with the data settings of the preset's config (`configs/demo.py` on CPU,
+`configs/caliber.py` on GPU): real filings passages (a seeded share of them with a pi(x)) and
+random teacher vectors are written as a `pipeline.TrainSource`, or, with `--data-dir` and
+`--init-dir`, a split `caliber_jax.train` ran on (its `config.data.dir`, `config.model.init_dir`).
+JAX gets the packed rows `train` runs: `pipeline.make_batch_fn` with `train.batch_options`, so
+the row ladder is the one `train` computes over that split (with `--data-dir`, its own epoch);
+PyTorch gets the same steps' passages padded (`--bucket-growth`, `--pert-rows-multiple`). The first
+`--pool` / B steps of the epoch (all of a pool's epoch) are candidates, and a few, taken at
+evenly spaced quantiles of their token count, stand for the epoch. JAX runs the step
+`caliber_jax.train` builds, built as `train` builds it: `train.make_model_state` (dtype, remat,
+attention, scan from the config, which the flags below set), `training_path.make_train_step`,
+the config's whole loss with lambda and m traced, its optimizer and its schedule over the
+epoch's length (`train.total_steps`), state donated, the same shardings. Its XLA program is then
+the one `train` compiled for the same batch shape, byte for byte, and with `train`'s
+`--compilation_cache` as `--compile-cache` (`cli.enable_compilation_cache`: the same compile
+options) it loads from there instead of compiling (`jax_step_cache_hits=`).
 
-Timing: a warm-up step per framework (the JAX step compiles every shape in a background thread
-meanwhile), then rounds over the batches in which the two frameworks alternate step by step, so
-both see the same machine load; every step is synchronised. A framework's time for a batch is the
-median over rounds, and its throughput is rows over the sum of those medians. Rounds stop at
+PyTorch is the authors' recipe as one writes it in PyTorch (`benchmarks/torch_reference.py`):
+transformers' model with SDPA attention, a forward over x padded to the batch max, a second
+forward over only the perturbed rows, the same loss (eq. 4), gradient clipping, fused AdamW,
+float32 weights under bf16 autocast on GPU; PyTorch has no packed path, so it gets the same
+passages padded. `--torch-compile MODE` adds a second PyTorch row, the model under
+`torch.compile` (`reduce-overhead`: CUDA graphs of the fixed shapes), and the final ratio is
+against the faster of the two.
+
+Timing: a warm-up step per framework (the JAX step compiles, or loads, every shape in a background
+thread meanwhile), then rounds over the batches in which the two frameworks alternate step by step,
+so both see the same machine load; every step is synchronised. A framework's time for a batch is
+the median over rounds, and its throughput is rows over the sum of those medians. Rounds stop at
 `--repeats`, or earlier once `--time-budget-s` would be exceeded, but never before each framework
-has `--min-steps` (9) timed steps, however slow the machine. The CPU model and its vector flags
-are printed first; the last line is `ratio_jax_over_torch=<jax seq/s / torch seq/s>`.
+has `--min-steps` (9) timed steps, however slow the machine. The CPU model and its vector flags are
+printed first; the last line is `ratio_jax_over_torch=<jax seq/s / torch seq/s>`.
 
 MFU counts model FLOPs on real (non-pad) tokens only (`common.model_flops`): 6 x non-embedding
 params x tokens + 12 x layers x t^2 x (heads x head dim) per sequence, halved for causal
@@ -51,14 +62,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from benchmarks import common, profile_summary, torch_reference  # noqa: E402
-from caliber_jax import host, optim, sharding, step, tokenization, training_path  # noqa: E402
+from caliber_jax import (  # noqa: E402
+    cli,
+    host,
+    sharding,
+    tokenization,
+    train,
+    training_path,
+)
 from caliber_jax.data import pipeline  # noqa: E402
-from caliber_jax.models import embedding  # noqa: E402
 
 PRESETS = {
     "cpu-minilm": {
@@ -91,8 +106,6 @@ PRESETS = {
 # The paper's training set and its single-GPU epoch time (Sec. 5.1; Table 4, LEAF run).
 PAPER_PASSAGES = 606_000
 PAPER_EPOCH_SECONDS = 6946.0
-# The schedule's length only shapes the learning rate of the timed steps.
-TOTAL_STEPS = 1000
 OPTIM_FIELDS = ("lr", "weight_decay", "warmup_frac", "b1", "b2", "eps", "clip_norm")
 # torch.compile modes the PyTorch baseline may run (issue #55: the strongest baseline).
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
@@ -170,11 +183,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--filings", default=str(common.DEFAULT_FILINGS))
     parser.add_argument("--record-stride", type=int, default=18, help="read every k-th filing")
-    parser.add_argument("--pool", type=int, default=2048, help="passages sampled")
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=2048,
+        help="passages sampled; with --data-dir, the epoch's first pool / B steps are candidates",
+    )
+    parser.add_argument(
+        "--data-dir",
+        help="a split `caliber_jax.train` ran on (its config.data.dir: train.jsonl and teacher "
+        "stores): time the first steps of its epoch instead of a pool of --filings passages "
+        "(needs --init-dir)",
+    )
+    parser.add_argument(
+        "--init-dir",
+        help="train's config.model.init_dir: the student's weights and tokenizer (default: "
+        "--model, random weights)",
+    )
     parser.add_argument(
         "--compile-cache",
         default=str(common.REPO_ROOT / "runs" / "xla_cache"),
-        help="JAX persistent compilation cache directory ('' = off)",
+        help="JAX persistent compilation cache directory, as train's --compilation_cache "
+        "('' = off); train's own: its step programs load from there",
     )
     parser.add_argument(
         "--jax-attention",
@@ -202,10 +232,38 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.pack_length = max(pack, args.max_length) if pack else 0
     if args.length_group_window is None:
         args.length_group_window = data.length_group_window
+    if args.lengths != "filings":
+        args.length_group_window = 1  # equal lengths: nothing to group
+    if args.data_dir and not args.init_dir:
+        raise ValueError("--data-dir needs --init-dir (train's model: its tokenizer and shapes)")
+    apply_to_config(args)
     return args
 
 
+def apply_to_config(args: argparse.Namespace) -> None:
+    """Writes the flags into `args.config`, which `train`'s functions then read as in a run."""
+    config = args.config
+    config.seed = args.seed
+    config.batch_size = args.batch_size
+    config.data.max_length = args.max_length
+    config.data.pack_length = args.pack_length
+    config.data.length_group_window = args.length_group_window
+    config.model.dtype = args.dtype
+    config.model.remat = args.remat
+    config.model.attention = args.jax_attention
+    config.model.scan_layers = bool(args.scan_layers)
+    if args.num_layers:
+        config.model.num_layers = args.num_layers
+    if args.data_dir:
+        config.data.dir = args.data_dir
+    if args.init_dir:
+        config.model.init_dir = args.init_dir
+
+
 def build_student(args) -> tuple[common.Student, object]:
+    if args.init_dir:  # as train loads it (config.model.*)
+        spec, flat = train.init_params(args.config)
+        return common.Student(spec, flat), tokenization.load_tokenizer(tokenizer_dir(args.config))
     if args.model == "minilm":
         student = common.load_minilm(num_layers=args.num_layers)
         tokenizer = tokenization.load_tokenizer(common.minilm_dir())
@@ -216,6 +274,11 @@ def build_student(args) -> tuple[common.Student, object]:
         student = common.random_qwen3(config, seed=args.seed)
         tokenizer = tokenization.build_qwen3_tokenizer()
     return student, tokenizer
+
+
+def tokenizer_dir(config) -> str:
+    """The tokenizer `train` loads (`config.model.tokenizer_dir`, else the init dir)."""
+    return config.model.tokenizer_dir or config.model.init_dir
 
 
 def fixed_texts(tokenizer, *, count: int, length: int) -> list[str]:
@@ -246,43 +309,66 @@ def build_rows(args, tokenizer) -> tuple[list[str], list[str]]:
     raise ValueError(f"--lengths={args.lengths!r}: expected 'filings' or 'fixed:N'")
 
 
-def epoch_batches(args, source, tokenizer, *, pack_length: int) -> list[dict[str, np.ndarray]]:
-    """One epoch of `source` as `caliber_jax.train` loads it: `pipeline.make_loader`, one process,
-    with the config's padding ladder, length-grouping window and pi(x) layout, or packed rows of
-    `pack_length` tokens (the same rows in each step either way)."""
-    data = args.config.data
+def epoch_steps(args, source, tokenizer, *, mesh, lengths_cache=None):
+    """The first `--pool` / B steps of an epoch of `source` as `caliber_jax.train` loads it, in
+    two layouts: ([padded batch], [packed batch]), step by step the same passages.
+
+    Packed (JAX): `pipeline.make_batch_fn` with `train.batch_options` of the config, so the row
+    ladder, the epoch's order and the row counts are those of a `train` run on `source`; padded
+    (PyTorch): the config's padding ladder and `--pert-rows-multiple`'s pi(x) layout.
+    `lengths_cache`: where `train` keeps the split's token lengths (`train.lengths_cache`).
+    """
+    config, data = args.config, args.config.data
 
     def tokenize_fn(texts, max_length):
         return tokenization.tokenize(tokenizer, texts, max_length=max_length)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    loader = pipeline.make_loader(
+    lengths = train.corpus_lengths(
+        source, tokenize_fn, max_length=data.max_length, cache=lengths_cache
+    )
+    packed = pipeline.make_batch_fn(
         source,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        num_epochs=1,
+        **train.batch_options(
+            config, tokenize_fn, pad_id=pad_id, train=True, lengths=lengths,
+            process_rows=sharding.process_batch_rows(mesh, config.batch_size),
+        ),
+    )  # fmt: skip
+    padded = pipeline.make_batch_fn(
+        source,
+        batch_size=config.batch_size,
+        seed=config.seed,
         shuffle=True,
         process_index=0,
         process_count=1,
         tokenize_fn=tokenize_fn,
-        max_length=args.max_length,
+        max_length=data.max_length,
         pad_id=pad_id,
         pad_to_multiple=data.pad_to_multiple,
-        length_group_window=args.length_group_window if args.lengths == "filings" else 1,
-        drop_remainder=True,
-        worker_count=0,
-        read_threads=1,
+        length_group_window=data.length_group_window,
+        drop_remainder=data.drop_remainder,
         pert_rows_multiple=args.pert_rows_multiple,
         bucket_growth=args.bucket_growth,
-        pack_length=pack_length,
-        pack_rows_multiple=data.pack_rows_multiple,
-        pack_rungs=data.pack_rungs,
+        lengths=lengths,
     )
-    return list(loader)
+    steps = min(packed.per_epoch, -(-args.pool // config.batch_size))
+    # The packed epoch may start with its most common row count (`pack_first_steps`): its step
+    # i holds the planned batch first_epoch_order[i], which the padded epoch keeps in place.
+    order = packed.first_epoch_order
+    epoch, jax_epoch = [], []
+    for i in range(steps):
+        jax_epoch.append(packed(i))
+        epoch.append(padded(i if order is None else int(order[i])))
+        if not np.array_equal(epoch[-1]["index"], jax_epoch[-1]["index"]):
+            raise AssertionError(f"step {i}: the padded and packed batches hold other passages")
+    print(f"epoch_steps={steps} (the first of {packed.per_epoch}; packed row ladder "
+          f"{packed.pack_ladder})")  # fmt: skip
+    return epoch, jax_epoch
 
 
 def padding_study(epoch: list[dict[str, np.ndarray]], jax_epoch: list[dict[str, np.ndarray]]):
-    """Share of the token slots each framework computes that is padding, over the whole epoch.
+    """Share of the token slots each framework computes that is padding, over the candidate
+    steps (a pool's whole epoch).
 
     JAX: what the loader built (B x T + rows of pi(x) x T', or the packed rows); PyTorch: x and
     the real pi(x) rows each padded to their own batch maximum.
@@ -308,21 +394,6 @@ def token_slots(batch: dict[str, np.ndarray]) -> int:
     return batch["input_ids"].size + batch["pert_input_ids"].size
 
 
-def loss_args(config) -> tuple[dict, dict]:
-    """The config's loss as `train` passes it: `make_train_step`'s static `loss_args`, and the
-    traced weights (lambda and m)."""
-    loss = config.loss
-    static = dict(
-        reduction=loss.reduction,
-        objective=loss.get("objective", "caliber"),
-        perturb_weight=loss.get("perturb_weight", 1.0),
-        structure_weight=loss.structure_weight,
-        query_weight=loss.get("query_weight", 0.0),
-        query_passages=loss.get("query_passages", "both"),
-    )
-    return static, {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
-
-
 # ----------------------------------------------------------------------------- JAX
 
 
@@ -332,27 +403,17 @@ class JaxRunner:
 
     name = "jax"
 
-    def __init__(self, args, student, batches):
-        self.device = jax.devices()[0]
+    def __init__(self, args, student, batches, *, mesh, total_steps: int):
+        self.device = mesh.devices.flat[0]
         config = args.config
-        dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-        graphdef, params_state = embedding.split_model(
-            student.spec,
-            student.flat,
-            dtype=dtype,
-            remat=args.remat,
-            attention=args.jax_attention,
-            scan_layers=bool(args.scan_layers),
-        )
-        params = nnx.to_pure_dict(params_state)
-        del params_state
-        optimizer, schedule = optim.make_optimizer_and_schedule(
-            total_steps=TOTAL_STEPS, **config.optim
-        )
-        mesh = sharding.make_mesh(devices=[self.device])
-        init = functools.partial(step.init_state, optimizer=optimizer, seed=args.seed)
-        state_shardings = sharding.param_shardings(mesh, jax.eval_shape(init, params))
-        self.state = jax.jit(init, out_shardings=state_shardings)(params)
+        optimizer, schedule = train.optimizer_and_schedule(config, total_steps)
+        # The model (dtype, remat, attention, scan), its params and state as `train` makes them.
+        graphdef, params, abstract, init_fn = train.make_model_state(
+            config, student.spec, student.flat, mesh=mesh, optimizer=optimizer,
+            scan_layers=config.model.scan_layers,
+        )  # fmt: skip
+        state_shardings = jax.tree.map(lambda a: a.sharding, abstract)
+        self.state = init_fn(sharding.put_sharded(params, state_shardings.params))
         del params
         path = training_path.choose(
             platform=self.device.platform,
@@ -361,9 +422,9 @@ class JaxRunner:
             pack_length=args.pack_length,
             pack_rungs=config.data.pack_rungs,
             compile_ahead=False,  # compile_all builds every timed shape before timing
-            scan_layers=bool(args.scan_layers),
+            scan_layers=config.model.scan_layers,
         )
-        static, weights = loss_args(config)
+        static, weights = train.loss_arguments(config)
         self.train_step = training_path.make_train_step(
             path, graphdef=graphdef, optimizer=optimizer, schedule=schedule, loss_args=static,
             weights=weights, mesh=mesh, state_shardings=state_shardings,
@@ -389,13 +450,16 @@ class JaxRunner:
         return self.device.platform != "cpu"
 
     def compile_all(self) -> float:
-        """Compiles the step for every distinct batch shape; returns the wall time.
+        """Compiles the step for every distinct batch shape, or loads it from the persistent
+        cache; returns the wall time, and prints how many programs came from the cache
+        (`jax_step_cache_hits=`, of `jax_step_programs=`).
 
         Run in a background thread while PyTorch warms up: XLA's compiler is mostly
         single-threaded, so on a multi-core CPU the shapes compile in parallel, beside PyTorch,
         without touching timed steps. Off the CPU they compile one at a time (`compile_first`).
         """
         start = time.perf_counter()
+        before = cli.COMPILE_STATS.snapshot()
         unique = {self._shape_key(b): b for b in self.batches}
         workers = 1 if self.compile_first else len(unique)
 
@@ -409,6 +473,9 @@ class JaxRunner:
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             compiled = pool.map(compile_one, unique, unique.values())
             self.executables = dict(zip(unique, compiled, strict=True))
+        after = cli.COMPILE_STATS.snapshot()
+        print(f"jax_step_programs={after['programs'] - before['programs']:.0f}")
+        print(f"jax_step_cache_hits={after['cache_hits'] - before['cache_hits']:.0f}", flush=True)
         return time.perf_counter() - start
 
     def run(self, index: int) -> jax.Array:
@@ -452,7 +519,7 @@ class TorchRunner:
     rows to theirs).
     """
 
-    def __init__(self, args, student, batches, *, compile_mode: str = "none",
+    def __init__(self, args, student, batches, *, total_steps: int, compile_mode: str = "none",
                  compile_backend: str = "inductor"):  # fmt: skip
         import torch
 
@@ -475,10 +542,10 @@ class TorchRunner:
             )
         spec = {key: args.config.optim[key] for key in OPTIM_FIELDS}
         self.optimizer, self.scheduler = torch_reference.make_optimizer(
-            self.model, {**spec, "total_steps": TOTAL_STEPS}
+            self.model, {**spec, "total_steps": total_steps}
         )
         self.clip_norm = spec["clip_norm"]
-        static, weights = loss_args(args.config)
+        static, weights = train.loss_arguments(args.config)
         if static["objective"] != "caliber" or static["structure_weight"] or static["query_weight"]:
             raise ValueError(
                 "the PyTorch reference implements eq. 4 only (loss.objective='caliber', no "
@@ -540,12 +607,13 @@ class TorchRunner:
         return float(self.torch.cuda.max_memory_allocated()), "max_memory_allocated"
 
 
-def make_torch_runners(args, student, batches) -> list[TorchRunner]:
+def make_torch_runners(args, student, batches, *, total_steps: int) -> list[TorchRunner]:
     """Eager PyTorch, and with `--torch-compile` the same model compiled (its own weights and
-    optimizer, the same initial values)."""
-    runners = [TorchRunner(args, student, batches)]
+    optimizer, the same initial values); both schedules `total_steps` long, as JAX's."""
+    runners = [TorchRunner(args, student, batches, total_steps=total_steps)]
     if args.torch_compile != "none":
-        runners.append(TorchRunner(args, student, batches, compile_mode=args.torch_compile,
+        runners.append(TorchRunner(args, student, batches, total_steps=total_steps,
+                                   compile_mode=args.torch_compile,
                                    compile_backend=args.torch_compile_backend))  # fmt: skip
     return runners
 
@@ -645,28 +713,37 @@ def main(argv=None) -> None:
     print(f"cpu={common.cpu_description()}")
     print(f"host_malloc={host_malloc}")
     print(f"load_average_1m={os.getloadavg()[0]:.2f}")
-    if args.compile_cache:
-        # Later runs skip XLA compilation; timed steps never include it either way.
-        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    # As the entry points set it (`--compilation_cache`): the same compile options, so a program
+    # `train` compiled into this directory loads from there. Timed steps never include either.
+    cli.enable_compilation_cache(args.compile_cache)
+    cli.COMPILE_STATS.start()
     clock = time.perf_counter()
     student, tokenizer = build_student(args)
-    texts, perturbed = build_rows(args, tokenizer)
     dim = student.spec.out_dim or student.config.width
+    device = jax.devices()[0]
+    mesh = sharding.make_mesh(devices=[device])
     with tempfile.TemporaryDirectory(prefix="train_throughput_") as tmp:
-        source = common.write_source(tmp, texts, perturbed, dim=dim, seed=args.seed)
-        epoch = epoch_batches(args, source, tokenizer, pack_length=0)
-        # The same steps' passages in the packed rows `train` trains on.
-        jax_epoch = epoch_batches(args, source, tokenizer, pack_length=args.pack_length)
+        if args.data_dir:  # train's split, and the token lengths train kept beside it
+            source = train.make_source(args.config, "train", dim)
+            cache = train.lengths_cache(args.config, "train", tokenizer_dir(args.config))
+            print(f"source={args.data_dir} ({len(source)} passages: train's epoch)")
+        else:
+            texts, perturbed = build_rows(args, tokenizer)
+            source = common.write_source(tmp, texts, perturbed, dim=dim, seed=args.seed)
+            cache = None
+            print(f"source={args.lengths} ({len(source)} passages)")
+        epoch, jax_epoch = epoch_steps(args, source, tokenizer, mesh=mesh, lengths_cache=cache)
+        # The schedule of a `train` run over this source: its constants are in the step program.
+        total_steps = train.total_steps(args.config, len(source))
     picks = common.stratified_picks(
         [int(b["attention_mask"].sum()) for b in epoch], num_batches=args.num_batches
     )
     batches = [epoch[i] for i in picks]
     jax_batches = [jax_epoch[i] for i in picks]
-    device = jax.devices()[0]
     peak, peak_source = args.peak_flops, "--peak-flops"
     if not peak:
         peak, peak_source = common.peak_flops(device, dtype=args.dtype)  # before anything else runs
-    jax_runner = JaxRunner(args, student, jax_batches)
+    jax_runner = JaxRunner(args, student, jax_batches, mesh=mesh, total_steps=total_steps)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         compiling = pool.submit(jax_runner.compile_all)
         pert = np.mean([b["has_pert"].mean() for b in batches])
@@ -674,14 +751,14 @@ def main(argv=None) -> None:
         shapes = [JaxRunner.ids_shapes(key) for key in shapes]
         print(f"preset={args.preset} device={device.device_kind} cores={host.usable_cores()}")
         print(
-            f"model={args.model} layers={student.config.num_hidden_layers} "
+            f"model={args.init_dir or args.model} layers={student.config.num_hidden_layers} "
             f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
             f"batch={args.batch_size} pert_frac={pert:.3f} lengths={args.lengths} "
             f"max_length={args.max_length} pert_rows_multiple={args.pert_rows_multiple} "
             f"bucket_growth={args.bucket_growth} pack_length={args.pack_length} "
             f"length_group_window={args.length_group_window} "
-            f"jax_attention={args.jax_attention} "
-            f"xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
+            f"jax_attention={args.jax_attention} remat={args.remat} "
+            f"schedule_steps={total_steps} xla_flags={os.environ.get('XLA_FLAGS', '')!r}"
         )
         print(f"jax_step={jax_runner.train_step.path.describe()}")
         print(f"jax_batch_shapes(token ids)={shapes}")
@@ -693,7 +770,9 @@ def main(argv=None) -> None:
         )
         make_torch = None
         if not args.skip_torch:
-            make_torch = functools.partial(make_torch_runners, args, student, batches)
+            make_torch = functools.partial(
+                make_torch_runners, args, student, batches, total_steps=total_steps
+            )
             print(f"torch_compile={args.torch_compile} backend={args.torch_compile_backend} "
                   "(PyTorch: the same passages, padded; it has no packed path)")  # fmt: skip
         print(f"setup_s={time.perf_counter() - clock:.1f}")

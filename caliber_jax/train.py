@@ -390,6 +390,43 @@ def make_model_state(
     return graphdef, params, abstract, init_fn
 
 
+def optimizer_and_schedule(config: ml_collections.ConfigDict, steps: int):
+    """The run's optimizer and its per-micro-batch learning-rate schedule, for `steps`
+    micro-batches. With accumulation the optimizer (and its schedule) counts updates, not
+    micro-batches; one schedule object, so the logged train/lr is the one the optimizer applies.
+    Its constants (warmup, decay length) and the division by accum_steps are part of the step's
+    XLA program."""
+    accum = config.optim.accum_steps
+    optimizer, update_schedule = optim.make_optimizer_and_schedule(
+        total_steps=max(1, steps // accum), **config.optim
+    )
+
+    def schedule(micro_step):
+        return update_schedule(micro_step // accum)
+
+    return optimizer, schedule
+
+
+def loss_arguments(config: ml_collections.ConfigDict) -> tuple[dict, dict[str, np.ndarray]]:
+    """The config's loss as the train step takes it: `make_train_step`'s static `loss_args`,
+    and the traced weights. lambda and m enter the step as traced scalars, not constants: LEAF,
+    Caliber and every point of a lambda x margin sweep then share one compiled program per batch
+    shape (and the cache)."""
+    loss = config.loss
+    static = dict(
+        reduction=loss.reduction,
+        objective=loss.get("objective", "caliber"),
+        perturb_weight=loss.get("perturb_weight", 1.0),
+        structure_weight=loss.structure_weight,
+        query_weight=loss.get("query_weight", 0.0),
+        query_passages=loss.get("query_passages", "both"),
+        contrastive_weight=loss.get("contrastive_weight", 0.0),
+        contrastive_temperature=loss.get("contrastive_temperature", 0.05),
+        contrastive_judge=loss.get("contrastive_judge", "none"),
+    )
+    return static, {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
+
+
 def make_eval_fn(graphdef, loss_args, weights, mesh, params_shardings):
     """`eval_fn(params, global_batch) -> sums` of `step.eval_step` (see `evaluate`)."""
     replicated = sharding.replicated(mesh)
@@ -440,17 +477,7 @@ def _train(
     flat = start_w_out(config, spec, flat, workdir, train_source)
     marks.append(("inputs and W_out", time.perf_counter()))
     steps = total_steps(config, len(train_source))  # micro-batches
-    # With accumulation the optimizer (and its schedule) counts updates, not micro-batches.
-    accum = config.optim.accum_steps
-    updates = max(1, steps // accum)
-    # One schedule object: the logged train/lr is the one the optimizer applies.
-    optimizer, update_schedule = optim.make_optimizer_and_schedule(
-        total_steps=updates, **config.optim
-    )
-
-    def schedule(micro_step):
-        return update_schedule(micro_step // accum)
-
+    optimizer, schedule = optimizer_and_schedule(config, steps)
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
     sharding.check_batch_size(config.batch_size, mesh)
     if config.model.attention == "cudnn" and jax.default_backend() != "gpu":
@@ -464,20 +491,7 @@ def _train(
     del flat
     marks.append(("model state", time.perf_counter()))
     state_shardings = jax.tree.map(lambda a: a.sharding, abstract)
-    loss_args = dict(
-        reduction=config.loss.reduction,
-        objective=config.loss.get("objective", "caliber"),
-        perturb_weight=config.loss.get("perturb_weight", 1.0),
-        structure_weight=config.loss.structure_weight,
-        query_weight=config.loss.get("query_weight", 0.0),
-        query_passages=config.loss.get("query_passages", "both"),
-        contrastive_weight=config.loss.get("contrastive_weight", 0.0),
-        contrastive_temperature=config.loss.get("contrastive_temperature", 0.05),
-        contrastive_judge=config.loss.get("contrastive_judge", "none"),
-    )
-    # lambda and m enter the step as traced scalars, not constants: LEAF, Caliber and every point
-    # of a lambda x margin sweep then share one compiled program per batch shape (and the cache).
-    weights = {"lam": np.float32(config.loss.lam), "margin": np.float32(config.loss.margin)}
+    loss_args, weights = loss_arguments(config)
     train_fn = training_path.make_train_step(
         path,
         graphdef=graphdef,

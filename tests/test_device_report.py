@@ -92,6 +92,10 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     assert parts["train_warm"]["cache_files_added"] < epoch["cache_files_added"]
     # PyTorch eager and compiled beside the packed step; the ratio is against the faster.
     student = parts["student_packed"]
+    # At the epoch's batch the packed step is the epoch's program: read from its cache, not
+    # compiled again (train_throughput.py builds it as train does); the 16K batch is another.
+    assert student["batch_size"] == 8
+    assert student["jax_step_cache_hits"] == student["jax_step_programs"] >= 1, student
     assert student["torch_strongest"] in ("torch", "torch_compiled")
     assert student["ratio_jax_over_torch"] == pytest.approx(
         min(student["ratio_jax_over_torch_eager"], student["ratio_jax_over_torch_compiled"]),
@@ -99,6 +103,20 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     )
     assert parts["student_packed_16k"]["batch_size"] > student["batch_size"]
     assert parts["teacher_8b_encode"]["passages"] == 48
+
+
+def test_train_setting_follows_the_train_flags(monkeypatch):
+    # The student parts time the train launches' step: their batch and model settings, with
+    # TRAIN_FLAGS's overrides (bool, int and str fields).
+    monkeypatch.setattr(device_report, "SIZES", {**device_report.SIZES, "config": []})
+    monkeypatch.setattr(device_report, "TRAIN_FLAGS", [
+        "--config.model.scan_layers=True", "--config.batch_size=96", "--config.model.remat=full",
+    ])  # fmt: skip
+    assert device_report.train_setting("model.scan_layers") is True
+    assert device_report.train_setting("batch_size") == 96
+    assert device_report.train_setting("model.remat") == "full"
+    assert device_report.train_setting("model.attention") == "xla"  # the config's
+    assert device_report.train_setting("data.max_length") == 512
 
 
 def test_train_flags_come_from_the_environment(monkeypatch):
