@@ -116,10 +116,11 @@ REQUIRED = {
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
-# only `--limit-s` applies. From 71a747e's H200 run (2026-11-28): setup 31 s (now + the teacher
-# import of 2 x 593 MB), a student step compiled in 71-82 s (the packed one in 127 s), PyTorch
-# eager beside it ~40 s, the 8B encode of one batch 46 s; the epoch is projected at ~230-400 s
-# of steps after a first step near 60-130 s (docs/training_path.md: 3 programs).
+# only `--limit-s` applies. From the H200 runs: setup 42 s (4a6f2a7, 2026-11-29), the epoch 529 s
+# projected launch to exit at that commit (stopped at 518.7 s; ~460 s expected since, see
+# gpu_on_device.sh); 71a747e (2026-11-28): a student step compiled in 71-82 s (the packed one
+# in 127 s; student_packed now loads the epoch's), PyTorch eager beside it ~40 s, the 8B encode
+# of one batch 46 s.
 LIMITS = {"setup": 90, "train_epoch": 560, "train_warm": 60, "student_packed": 240,
           "student_packed_16k": 170, "teacher_8b_encode": 240,
           "worst_shape_compile": 110}  # fmt: skip

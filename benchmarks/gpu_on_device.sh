@@ -9,22 +9,26 @@
 #
 #   bash benchmarks/gpu_on_device.sh prepare   # here, once: .whl and runs/device (< 64 MiB with
 #                                              # the tree: check the du line it prints)
+#   mv models /tmp/models_hold   # the shipped student (45 MB, tracked) would take the copy over
+#                                # 64 MiB; `mv /tmp/models_hold models` after the calls
 #   # Call 1, carrying .whl and runs/device (timeout_s 595; the machine's start is not in it):
 #   PARTS=setup,train_epoch bash benchmarks/gpu_on_device.sh 585
 #   # Call 2 AT ONCE (the machine goes back after 30 s idle; its /tmp/device_report keeps call
-#   # 1's model, data and caches), timeout_s 300, in priority order:
-#   PARTS=student_packed,student_packed_16k,teacher_8b_encode bash benchmarks/gpu_on_device.sh 290
+#   # 1's model, data and caches), timeout_s what is left (~240 s), in priority order:
+#   PARTS=student_packed,student_packed_16k,teacher_8b_encode bash benchmarks/gpu_on_device.sh 230
 #
 # Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
-# 595 + 300 s of commands. Call 1: setup ~60 s (unpacking the split, drawing 2 x 593 MB of
-# teacher vectors and importing them), then the epoch's remaining ~510 s: 71a747e's H200
-# (2026-11-28) projects ~230-400 s of steps after a first step at 60-130 s; an epoch cut short
-# reports its steps and the launch-to-exit time they project. Call 2: the student parts take
-# ~150-240 s each (one JAX compile of 70-130 s, torch.compile's with reduce-overhead) and the 8B
-# part ~240 s, so 290 s holds student_packed and likely part of student_packed_16k: what is
-# skipped ("skipped" in the JSON) is the next GPU's first call, with `train_warm` (the epoch's
-# cache, same machine) and worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs
-# picks Inductor's GEMM autotuning instead of CUDA graphs (minutes more of compile).
+# 595 s for call 1, what is left for call 2. Measured on one H200 (2026-11-29, 4a6f2a7; records
+# docs/benchmarks_records/h200_2026-11-29_4a6f2a7/): setup 42 s, then the epoch was stopped by
+# its limit at 518.7 s with ~110 steps to go (529 s projected), of which ~47 s the second step
+# waiting for its program and ~27 s synchronous checkpoint saves; with epoch 0's first 800 steps
+# of one row count (data.pack_first_steps) and asynchronous saves since, it should end near
+# 460 s. Call 2: student_packed's JAX step now loads the epoch's program from its cache (it
+# compiled for ~120 s in that run, which left no time to time it), so the part is PyTorch eager
+# (~40 s) and torch.compile's warm-up beside timed JAX steps; what is skipped ("skipped" in the
+# JSON) is the next GPU's first call, with `train_warm` (the epoch's cache, same machine) and
+# worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs picks Inductor's GEMM
+# autotuning instead of CUDA graphs (minutes more of compile).
 #
 # cuDNN attention on packed rows (`model.attention = "cudnn"`, never run on a GPU yet): with time
 # left, `python -m pytest -q tests/models/test_attention_gpu.py` (its packed test against XLA's
