@@ -39,6 +39,9 @@ subprocess under its own time limit and all of them under `--limit-s`:
     the hours projected for the paper's 839K texts (issue #55 part 5).
   worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch: XLA's
     compile seconds and buffer assignment of the step, layers scanned and unrolled.
+  attention_gpu_test: `tests/models/test_attention_gpu.py -k packed`: cuDNN's fused attention on
+    packed rows (sequence offsets) against XLA's masked attention, forward and gradients; pytest's
+    counts (on the CPU they skip themselves).
 The train launches and the student parts share one compilation cache (`train_cache`), which the
 epoch starts cold; the 8B encode keeps its own. The student parts read setup's split and model
 from `--work` (call 1's, on the same machine; else PARTS=setup,... first: without the epoch's
@@ -113,6 +116,7 @@ REQUIRED = {
         "unrolled_compile_s", "unrolled_xla_temp_bytes", "scan_compile_s", "scan_xla_temp_bytes",
         "xla_argument_bytes",
     ),
+    "attention_gpu_test": ("passed", "failed", "skipped"),
 }  # fmt: skip
 # Each part's own limit on the GPU (seconds); the run's `--limit-s` cuts the later ones shorter.
 # A CPU rehearsal's toy parts take seconds on a quiet machine but minutes on a loaded one: there
@@ -123,7 +127,7 @@ REQUIRED = {
 # of one batch 46 s.
 LIMITS = {"setup": 90, "train_epoch": 560, "train_warm": 60, "student_packed": 240,
           "student_packed_16k": 170, "teacher_8b_encode": 240,
-          "worst_shape_compile": 110}  # fmt: skip
+          "worst_shape_compile": 110, "attention_gpu_test": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
 # Sizes: the real shapes, or the rehearsal's toy ones.
@@ -473,6 +477,26 @@ def worst_shape_compile(args, work: Path, remat: str, limit: float) -> dict:
     return {k: float(v) if isinstance(v, int) and k != "rc" else v for k, v in result.items()}
 
 
+def attention_gpu_test(args, limit: float) -> dict:
+    """`tests/models/test_attention_gpu.py`'s packed-rows tests: cuDNN's fused attention with
+    sequence offsets against XLA's masked attention, forward and gradients (they skip off a GPU,
+    as in the rehearsal): pytest's passed / failed / skipped counts."""
+    command = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "tests/models/test_attention_gpu.py", "-k", "packed"]  # fmt: skip
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
+                              cwd=common.REPO_ROOT)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"rc": "timeout"}
+    counts = dict.fromkeys(("passed", "failed", "skipped"), 0.0)
+    for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", proc.stdout):
+        counts["failed" if word.startswith("error") else word] += float(number)
+    result = {**counts, "rc": proc.returncode}
+    if proc.returncode not in (0, 5):  # 5: nothing collected
+        result["stdout_tail"] = proc.stdout.strip().splitlines()[-15:]
+    return result
+
+
 def _files(directory: Path) -> int:
     """Files under `directory` (the persistent cache's entries, the autotuner's included)."""
     return sum(1 for path in directory.rglob("*") if path.is_file()) if directory.exists() else 0
@@ -512,6 +536,8 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
         return result
     if name == "worst_shape_compile":
         return worst_shape_compile(args, work, train_setting("model.remat"), limit)
+    if name == "attention_gpu_test":
+        return attention_gpu_test(args, limit)
     if name == "teacher_8b_encode":
         # The training split's passages (carried gzipped), else the filings.
         texts = args.passages_gz if Path(args.passages_gz or "-").is_file() else args.filings

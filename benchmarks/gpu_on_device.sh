@@ -15,7 +15,8 @@
 #   PARTS=setup,train_epoch bash benchmarks/gpu_on_device.sh 585
 #   # Call 2 AT ONCE (the machine goes back after 30 s idle; its /tmp/device_report keeps call
 #   # 1's model, data and caches), timeout_s what is left (~240 s), in priority order:
-#   PARTS=student_packed,student_packed_16k,teacher_8b_encode bash benchmarks/gpu_on_device.sh 230
+#   PARTS=student_packed,attention_gpu_test,student_packed_16k,teacher_8b_encode \
+#     bash benchmarks/gpu_on_device.sh 230
 #
 # Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
 # 595 s for call 1, what is left for call 2. Measured on one H200 (2026-11-29, 4a6f2a7; records
@@ -30,9 +31,9 @@
 # worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs picks Inductor's GEMM
 # autotuning instead of CUDA graphs (minutes more of compile).
 #
-# cuDNN attention on packed rows (`model.attention = "cudnn"`, never run on a GPU yet): with time
-# left, `python -m pytest -q tests/models/test_attention_gpu.py` (its packed test against XLA's
-# masked attention, forward and gradients), then the epoch again with
+# cuDNN attention on packed rows (`model.attention = "cudnn"`, never run on a GPU yet): the
+# `attention_gpu_test` part runs tests/models/test_attention_gpu.py's packed tests (against XLA's
+# masked attention, forward and gradients); if they pass, the next GPU's epoch runs with
 # TRAIN_FLAGS=--config.model.attention=cudnn.
 #
 # CPU rehearsal (tests/test_device_report.py): CALIBER_DEVICE_REHEARSAL=1 PYTHON=.venv/bin/python

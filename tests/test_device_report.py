@@ -103,6 +103,9 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     )
     assert parts["student_packed_16k"]["batch_size"] > student["batch_size"]
     assert parts["teacher_8b_encode"]["passages"] == 48
+    # The cuDNN packed-attention tests ran and, on this CPU, skipped themselves (GPU only).
+    attention = parts["attention_gpu_test"]
+    assert attention["skipped"] == 3 and attention["passed"] == attention["failed"] == 0
 
 
 def test_train_setting_follows_the_train_flags(monkeypatch):
