@@ -32,6 +32,9 @@ subprocess under its own time limit and all of them under `--limit-s`:
   student_packed_16k: the same step at >= 16K real tokens per step (112 passages), JAX only,
     with its profile (issue #55 part 2): another batch, so another program, compiled here (with
     the epoch's cache directory, XLA's per-fusion autotuning results are shared).
+  student_autotune0: student_packed's JAX step compiled again with `--xla_gpu_autotune_level=0`
+    in a cache of its own, JAX only: its compile seconds and step time against student_packed's
+    (the autotuner's trade, issue #55 part 3).
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
     Qwen3-Embedding-8B-shaped weights, bf16, JAX only) over 10,240 real passages through
     `Embedder.encode_ids`, the length-sorted, bucket-padded batches `embed_teacher` runs (a
@@ -96,7 +99,11 @@ TORCH_COMPILE = os.environ.get("TORCH_COMPILE", "reduce-overhead")
 STUDENT_PARTS = {
     "student_packed": dict(batch=None, torch=True, profile=True),
     "student_packed_16k": dict(batch=112, profile=True),
-}
+    # The epoch's step again, compiled with XLA's GPU autotuner off (a cache of its own): the
+    # compile seconds it saves against the step time it costs (issue #55 part 3).
+    "student_autotune0": dict(batch=None, xla_flags="--xla_gpu_autotune_level=0",
+                              cache="xla_cache_autotune0"),
+}  # fmt: skip
 TRAIN_KEYS = ("first_step_s", "step_s", "steps_seen")
 # Keys every finished part reports (finite numbers); tests/test_device_report.py checks them.
 REQUIRED = {
@@ -108,6 +115,7 @@ REQUIRED = {
     "train_warm": TRAIN_KEYS,
     "student_packed": STUDENT_KEYS + PROFILE_KEYS + TORCH_KEYS,
     "student_packed_16k": STUDENT_KEYS + PROFILE_KEYS,
+    "student_autotune0": STUDENT_KEYS,
     "teacher_8b_encode": (
         "jax_passages_per_s", "jax_real_tokens_per_s", "jax_mfu_real_tokens",
         "jax_peak_memory_bytes", "jax_projected_teacher_hours", "passages",
@@ -126,7 +134,7 @@ REQUIRED = {
 # in 127 s; student_packed now loads the epoch's), PyTorch eager beside it ~40 s, the 8B encode
 # of one batch 46 s.
 LIMITS = {"setup": 90, "train_epoch": 560, "train_warm": 60, "student_packed": 240,
-          "student_packed_16k": 170, "teacher_8b_encode": 240,
+          "student_packed_16k": 170, "student_autotune0": 120, "teacher_8b_encode": 240,
           "worst_shape_compile": 110, "attention_gpu_test": 150}  # fmt: skip
 if REHEARSAL:
     LIMITS = dict.fromkeys(LIMITS, math.inf)
@@ -206,12 +214,13 @@ def values_of(stdout: str) -> dict:
     return values
 
 
-def run_benchmark(args, script: str, flags: list[str], limit: float) -> dict:
-    """A benchmark script's `key=value` figures (and its exit status)."""
+def run_benchmark(args, script: str, flags: list[str], limit: float, env=None) -> dict:
+    """A benchmark script's `key=value` figures (and its exit status); `env`: its environment
+    (default: this process's)."""
     command = [args.python, str(common.REPO_ROOT / "benchmarks" / script), *flags]
     # Its own process group: a timeout stops its subprocesses too (compile_real_shape's parts).
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=common.REPO_ROOT, start_new_session=True)  # fmt: skip
+                            cwd=common.REPO_ROOT, start_new_session=True, env=env)  # fmt: skip
     try:
         out, err = proc.communicate(timeout=limit)
         rc = proc.returncode
@@ -520,7 +529,9 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
                  "--dtype", train_setting("model.dtype"), "--remat", train_setting("model.remat"),
                  "--jax-attention", train_setting("model.attention"),
                  "--scan-layers", str(int(train_setting("model.scan_layers"))),
-                 "--compile-cache", str(train_cache(work)), *SIZES["bench"]]  # fmt: skip
+                 "--compile-cache", str(work / part["cache"] if "cache" in part
+                                        else train_cache(work)),
+                 *SIZES["bench"]]  # fmt: skip
         if part.get("torch"):
             flags += ["--torch-compile", TORCH_COMPILE,
                       "--torch-compile-backend", SIZES["torch_backend"]]  # fmt: skip
@@ -528,8 +539,14 @@ def run_part(args, work: Path, name: str, limit: float) -> dict:
             flags.append("--skip-torch")
         if part.get("profile"):
             flags += ["--profile-dir", str(work / f"profile_{name}")]
-        result = run_benchmark(args, "train_throughput.py", flags, limit)
+        env = None
+        if part.get("xla_flags"):
+            env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                                              f"{part['xla_flags']}".strip()}  # fmt: skip
+        result = run_benchmark(args, "train_throughput.py", flags, limit, env=env)
         result["batch_size"] = float(batch)
+        if env is not None:
+            result["xla_flags"] = env["XLA_FLAGS"]
         summary = work / f"profile_{name}" / "summary.json"
         if part.get("profile") and summary.exists():
             result["profile"] = json.loads(summary.read_text())

@@ -15,8 +15,8 @@
 #   PARTS=setup,train_epoch bash benchmarks/gpu_on_device.sh 585
 #   # Call 2 AT ONCE (the machine goes back after 30 s idle; its /tmp/device_report keeps call
 #   # 1's model, data and caches), timeout_s what is left (~240 s), in priority order:
-#   PARTS=student_packed,attention_gpu_test,student_packed_16k,teacher_8b_encode \
-#     bash benchmarks/gpu_on_device.sh 230
+#   PARTS=student_packed,attention_gpu_test,student_autotune0,student_packed_16k,\
+#   teacher_8b_encode bash benchmarks/gpu_on_device.sh 230
 #
 # Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
 # 595 s for call 1, what is left for call 2. Measured on one H200 (2026-11-29, 4a6f2a7; records

@@ -103,6 +103,12 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     )
     assert parts["student_packed_16k"]["batch_size"] > student["batch_size"]
     assert parts["teacher_8b_encode"]["passages"] == 48
+    # The autotuner's trade: the same step compiled again (its own cache) under the flag.
+    autotune = parts["student_autotune0"]
+    assert (
+        autotune["jax_step_cache_hits"] == 0
+        and "--xla_gpu_autotune_level=0" in autotune["xla_flags"]
+    )
     # The cuDNN packed-attention tests ran and, on this CPU, skipped themselves (GPU only).
     attention = parts["attention_gpu_test"]
     assert attention["skipped"] == 3 and attention["passed"] == attention["failed"] == 0
