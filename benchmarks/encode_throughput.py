@@ -68,6 +68,8 @@ PRESETS = {
         "model": "qwen3-8b",
         "dtype": "bfloat16",
         "batch_size": 64,
+        # embed_teacher's budget (configs/caliber.py's teacher.tokens_per_batch)
+        "tokens_per_batch": common.load_config("configs/caliber.py").teacher.tokens_per_batch,
         "max_length": 512,
         "passages": 4096,
         "repeats": 3,
@@ -82,6 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype")
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument(
+        "--tokens-per-batch",
+        type=int,
+        help="token slots per batch (`Embedder.encode_ids`: rows of a length rung fill it; "
+        "0 = --batch-size rows; default: the preset's)",
+    )
     parser.add_argument("--max-length", type=int)
     parser.add_argument("--passages", type=int, help="passages encoded per timed pass")
     parser.add_argument("--repeats", type=int, help="timed passes per framework")
@@ -127,6 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.tokens_per_batch is None:
+        args.tokens_per_batch = 0
     return args
 
 
@@ -170,7 +180,7 @@ def build_models(args):
 class TorchEncoder:
     """Length-sorted batches padded to the batch max, mean pooled, as sentence-transformers does."""
 
-    def __init__(self, make_model, *, pad_id: int, batch_size: int, bf16: bool, name="torch"):
+    def __init__(self, make_model, *, pad_id: int, plan_fn, bf16: bool, name="torch"):
         import torch
 
         self.name = name
@@ -186,15 +196,15 @@ class TorchEncoder:
         self.autocast = bf16 and not self.on_gpu
         self.model = model.eval()
         self.pad_id = pad_id
-        self.batch_size = batch_size
+        self.plan_fn = plan_fn  # lengths -> JAX's batches (`embedder.batch_plan`)
 
     def encode(self, seqs: list[list[int]]) -> np.ndarray:
         torch = self.torch
         out = np.zeros((len(seqs), self.model.config.hidden_size), np.float32)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
         with torch.inference_mode(), autocast:
-            for rows in embedder.length_batches([len(s) for s in seqs], self.batch_size):
-                length = max(len(seqs[r]) for r in rows)
+            for rows, _, _ in self.plan_fn([len(s) for s in seqs]):
+                length = max(len(seqs[r]) for r in rows)  # the batch max, not a rung
                 ids, mask = padding.pad_rows(
                     [seqs[r] for r in rows], rows=len(rows), length=length, pad_id=self.pad_id
                 )
@@ -217,13 +227,18 @@ class TorchEncoder:
 class JaxEncoder:
     """`Embedder.encode_ids`: the production teacher path."""
 
-    def __init__(self, model: embedder.Embedder, *, batch_size: int, name: str = "jax"):
+    def __init__(
+        self, model: embedder.Embedder, *, batch_size: int, tokens_per_batch: int, name="jax"
+    ):
         self.name = name
         self.model = model
         self.batch_size = batch_size
+        self.tokens_per_batch = tokens_per_batch
 
     def encode(self, seqs: list[list[int]]) -> np.ndarray:
-        return self.model.encode_ids(seqs, batch_size=self.batch_size)
+        return self.model.encode_ids(
+            seqs, batch_size=self.batch_size, tokens_per_batch=self.tokens_per_batch
+        )
 
     def peak_memory(self) -> str:
         return f"{common.format_bytes(self.peak_memory_bytes())} ({self.memory_source()})"
@@ -263,37 +278,35 @@ def main(argv=None) -> None:
         peak, peak_source = common.peak_flops(device, dtype=args.dtype)
     student = common.Student(spec=spec, flat=_flat_shapes(model.params))
     flops = common.model_flops(student, lengths, backward=False)
-    buckets = sorted(
-        {
-            embedder.bucket_length(max(lengths[r] for r in rows))
-            for rows in embedder.length_batches(lengths, args.batch_size)
-        }
-    )
+
+    def plan_fn(lengths):  # the batches encode_ids makes (one device)
+        return embedder.batch_plan(
+            lengths, batch_size=args.batch_size, max_length=args.max_length,
+            tokens_per_batch=args.tokens_per_batch,
+        )  # fmt: skip
+
+    plan = plan_fn(lengths)
+    buckets = sorted({(rows, length) for _, rows, length in plan}, key=lambda b: b[1])
     print(f"preset={args.preset} device={device.device_kind} cores={host.usable_cores()}")
     print(
         f"model={args.model} layers={spec.config.num_hidden_layers} "
         f"nonembedding_params={student.nonembedding_params} dtype={args.dtype} "
-        f"batch={args.batch_size} passages={len(seqs)} mean_tokens={np.mean(lengths):.1f} "
+        f"batch={args.batch_size} tokens_per_batch={args.tokens_per_batch} "
+        f"passages={len(seqs)} mean_tokens={np.mean(lengths):.1f} "
         f"max_length={args.max_length} jax_buckets={buckets} jax_attention={args.jax_attention}"
     )
     print(f"peak_flops={peak:.4g} ({peak_source})")
-    slots_jax = sum(
-        args.batch_size * embedder.bucket_length(max(lengths[r] for r in rows))
-        for rows in embedder.length_batches(lengths, args.batch_size)
-    )
-    slots_torch = sum(
-        len(rows) * max(lengths[r] for r in rows)
-        for rows in embedder.length_batches(lengths, args.batch_size)
-    )
+    slots_jax = sum(rows * length for _, rows, length in plan)
+    slots_torch = sum(len(rows) * max(lengths[r] for r in rows) for rows, _, _ in plan)
     print(f"jax_padding_frac={1 - sum(lengths) / slots_jax:.3f}")
     print(f"torch_padding_frac={1 - sum(lengths) / slots_torch:.3f}")
 
     def torch_encoder(*, bf16: bool, name: str) -> TorchEncoder:
-        return TorchEncoder(
-            make_torch, pad_id=model.pad_id, batch_size=args.batch_size, bf16=bf16, name=name
-        )
+        return TorchEncoder(make_torch, pad_id=model.pad_id, plan_fn=plan_fn, bf16=bf16, name=name)
 
-    encoders = [JaxEncoder(model, batch_size=args.batch_size)]
+    encoders = [
+        JaxEncoder(model, batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch)
+    ]
     if not args.skip_torch:
         encoders.insert(0, torch_encoder(bf16=args.dtype == "bfloat16", name="torch"))
     if args.float32_baseline:
@@ -301,7 +314,14 @@ def main(argv=None) -> None:
             raise SystemExit("--float32-baseline compares bfloat16 with float32: add --dtype "
                              "bfloat16")  # fmt: skip
         _, model32, _, _ = build_models(argparse.Namespace(**{**vars(args), "dtype": "float32"}))
-        encoders.append(JaxEncoder(model32, batch_size=args.batch_size, name="jax_float32"))
+        encoders.append(
+            JaxEncoder(
+                model32,
+                batch_size=args.batch_size,
+                tokens_per_batch=args.tokens_per_batch,
+                name="jax_float32",
+            )
+        )
         if not args.skip_torch:
             encoders.append(torch_encoder(bf16=False, name="torch_float32"))
     vectors = {}

@@ -113,10 +113,16 @@ def embed_split(
     out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {**teacher_metadata(config, model), "passages": str(passages)}
 
+    # The Flax teacher fills batches by token budget when the config gives one
+    # (`Embedder.encode_ids`); the PyTorch backend batches by rows.
+    budget = config.teacher.get("tokens_per_batch", 0)
+    extra = {"tokens_per_batch": budget} if budget and config.teacher.backend == "flax" else {}
+
     def encode_fn(batch: list[str]) -> np.ndarray:
         return model.encode(
-            batch, batch_size=config.teacher.batch_size, max_length=config.teacher.max_length
-        )
+            batch, batch_size=config.teacher.batch_size, max_length=config.teacher.max_length,
+            **extra,
+        )  # fmt: skip
 
     written = []
     for name, rows in split_rows(passages).items():

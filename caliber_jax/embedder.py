@@ -59,6 +59,42 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def batch_plan(
+    lengths: Sequence[int],
+    *,
+    batch_size: int,
+    max_length: int = 512,
+    tokens_per_batch: int = 0,
+    row_multiple: int = 1,
+) -> list[tuple[np.ndarray, int, int]]:
+    """How `encode_ids` batches sequences: (row indices, padded rows, padded length) per batch.
+
+    Longest first (stable), each batch padded to the ladder rung of its longest row
+    (`bucket_length`). With `tokens_per_batch` 0 every batch has `batch_size` rows; otherwise a
+    batch whose rung is L has as many rows as fit in `tokens_per_batch` slots (floor(budget / L),
+    at least one), so short passages come many to a batch instead of making small matmuls. Rows
+    are rounded up (fixed batches) or down (budgets, at least one multiple) to `row_multiple`,
+    the devices a batch is split over. Either way each rung has one row count, hence one program.
+    """
+    if batch_size < 1 or tokens_per_batch < 0 or row_multiple < 1:
+        raise ValueError(
+            f"need batch_size >= 1, tokens_per_batch >= 0, row_multiple >= 1; got {batch_size}, "
+            f"{tokens_per_batch}, {row_multiple}"
+        )
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    fixed = -(-batch_size // row_multiple) * row_multiple
+    plan, start = [], 0
+    while start < len(order):
+        length = bucket_length(int(lengths[order[start]]), max_length)
+        rows = fixed
+        if tokens_per_batch:
+            rows = max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
+        count = batch_size if not tokens_per_batch else rows
+        plan.append((order[start : start + count], rows, length))
+        start += count
+    return plan
+
+
 def pad_batch(
     id_lists: Sequence[Sequence[int]], *, rows: int, length: int, pad_id: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -206,15 +242,18 @@ class Embedder:
         max_length: int | None = None,
         *,
         query_task: str | None = None,
+        tokens_per_batch: int = 0,
         progress: bool = False,
     ) -> np.ndarray:
-        """Texts -> [n, d] float32 unit vectors. `query_task` adds Qwen3's query instruction."""
+        """Texts -> [n, d] float32 unit vectors. `query_task` adds Qwen3's query instruction;
+        `tokens_per_batch` as in `encode_ids`."""
         if isinstance(texts, str):
             raise TypeError("encode takes a sequence of texts, not one string")
         texts = [tokenization.format_query(t, query_task) for t in texts]
         return self.encode_ids(
-            self.tokenize(texts, max_length=max_length), batch_size=batch_size, progress=progress
-        )
+            self.tokenize(texts, max_length=max_length), batch_size=batch_size,
+            tokens_per_batch=tokens_per_batch, progress=progress,
+        )  # fmt: skip
 
     def encode_ids(
         self,
@@ -222,20 +261,26 @@ class Embedder:
         batch_size: int = 32,
         max_length: int | None = None,
         *,
+        tokens_per_batch: int = 0,
         progress: bool = False,
     ) -> np.ndarray:
-        """Already-tokenised input (no special tokens added) -> [n, d] float32 unit vectors."""
+        """Already-tokenised input (no special tokens added) -> [n, d] float32 unit vectors.
+
+        Batches as `batch_plan` says: `batch_size` rows each, or with `tokens_per_batch` as many
+        rows of a length rung as fill that many token slots."""
         limit = max_length or self.max_length
         seqs = [list(s)[:max_length] if max_length else list(s) for s in token_id_lists]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("encode_ids: empty token sequence")
         check_ids(seqs, vocab_size=self.spec.config.vocab_size)
         out = np.zeros((len(seqs), self.dim), np.float32)
-        # Batch rows: a multiple of the devices the batch is split over.
-        devices = self.mesh.size if self.mesh is not None else 1
-        padded_rows = -(-batch_size // devices) * devices
-        for rows in tqdm(length_batches([len(s) for s in seqs], batch_size), disable=not progress):
-            length = bucket_length(max(len(seqs[r]) for r in rows), limit)
+        plan = batch_plan(
+            [len(s) for s in seqs], batch_size=batch_size, max_length=limit,
+            tokens_per_batch=tokens_per_batch,
+            # Batch rows: a multiple of the devices the batch is split over.
+            row_multiple=self.mesh.size if self.mesh is not None else 1,
+        )  # fmt: skip
+        for rows, padded_rows, length in tqdm(plan, disable=not progress):
             ids, mask = pad_batch(
                 [seqs[r] for r in rows], rows=padded_rows, length=length, pad_id=self.pad_id
             )

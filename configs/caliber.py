@@ -60,6 +60,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.dtype = "bfloat16"
     config.teacher.batch_size = 64
     config.teacher.max_length = 512
+    # Token slots per teacher batch (Embedder.encode_ids; 0 = batch_size rows): batches of a
+    # length rung L hold 32768 // L passages, so the 512 rung keeps 64 rows and the filings'
+    # short passages (median 93 tokens, rung 128) come 256 to a batch instead of making 64-row
+    # matmuls. One program per rung either way. The Flax backend only.
+    config.teacher.tokens_per_batch = 32768
     config.teacher.chunk_rows = 4096
     # "flax": our Embedder (Qwen3/BERT/MPNet, GPU/TPU); "torch": any local sentence-transformers or
     # transformers directory through PyTorch (black-box teachers of any architecture).

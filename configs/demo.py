@@ -59,6 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.param_dtype = "float32"  # CPU: float32 end to end
     config.teacher.data_parallel = False  # one CPU device
     config.teacher.batch_size = 32
+    config.teacher.tokens_per_batch = 0  # rows of 32: the recorded CPU studies' teacher batches
     config.teacher.max_length = 128
     config.teacher.chunk_rows = 512
 

@@ -61,7 +61,7 @@ def _embed(data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_reuse_from_copies_equal_texts_and_encodes_the_rest(tmp_path):
     """Data prepared again with one changed perturbation: `--reuse_from` copies the stored
     vectors of the unchanged texts and encodes only the new one; every row equals a fresh
-    encoding of its text (float32, same teacher)."""
+    encoding of its text (float32, same teacher; that one in token-budget batches)."""
     old = [
         {"id": "a:0", "text": "Revenue rose 5% to $10 million.", "perturbed": "Revenue fell 5%"
          " to $10 million."},
@@ -72,7 +72,9 @@ def test_reuse_from_copies_equal_texts_and_encodes_the_rest(tmp_path):
         (tmp_path / name).mkdir()
         corpus.save_jsonl(tmp_path / name / "train.jsonl", rows)
     assert _embed(tmp_path / "old").returncode == 0
-    assert _embed(tmp_path / "fresh").returncode == 0
+    # The fresh encoding fills its batches by token budget (`config.teacher.tokens_per_batch`):
+    # the same vectors as fixed batches.
+    assert _embed(tmp_path / "fresh", "--config.teacher.tokens_per_batch=64").returncode == 0
     result = _embed(tmp_path / "new", f"--reuse_from={tmp_path / 'old'}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "x: 2 of 2 texts reuse" in result.stderr

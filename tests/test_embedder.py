@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from caliber_jax import Embedder
+from caliber_jax import Embedder, embedder
 from caliber_jax.models import embedding, layers
 
 
@@ -40,6 +40,48 @@ def test_bfloat16_parameters_data_parallel_close_to_float32(minilm_dir, referenc
     got = emb.encode(texts, batch_size=16)
     cosines = np.sum(got * expected, axis=1)
     assert cosines.min() >= 0.999, cosines.min()
+
+
+def test_token_budget_batches_encode_the_same_vectors(minilm_dir, reference):
+    """Batches filled by token budget (short passages many to a batch) give each row the vector
+    fixed batches give it, on one device and split over 8."""
+    texts, expected = reference
+    one = Embedder.from_pretrained(minilm_dir)
+    np.testing.assert_allclose(one.encode(texts, tokens_per_batch=1000), expected, atol=1e-5)
+    split = Embedder.from_pretrained(minilm_dir, data_parallel=True)
+    np.testing.assert_allclose(split.encode(texts, tokens_per_batch=1000), expected, atol=1e-5)
+
+
+def test_batch_plan_fills_a_token_budget_with_one_row_count_per_rung():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 513, size=500).tolist() + [512, 512, 3]
+    for multiple in (1, 8):
+        plan = embedder.batch_plan(
+            lengths, batch_size=64, tokens_per_batch=8192, row_multiple=multiple
+        )
+        seen = np.concatenate([rows for rows, _, _ in plan])
+        assert sorted(seen.tolist()) == list(range(len(lengths)))  # every row once
+        rows_of = {}
+        for rows, padded, length in plan:
+            assert len(rows) <= padded and padded % multiple == 0
+            assert (
+                max(lengths[r] for r in rows)
+                <= length
+                == embedder.bucket_length(max(lengths[r] for r in rows))
+            )
+            assert padded * length <= 8192 or padded == multiple
+            rows_of.setdefault(length, set()).add(padded)
+        # One program per rung: as many rows as the budget holds.
+        assert rows_of == {length: {8192 // length // multiple * multiple} for length in rows_of}
+        assert rows_of[512] == {16} and min(rows_of) < 100
+    # Without a budget: batch_size rows (rounded up to the multiple), as length_batches cuts them.
+    plan = embedder.batch_plan(lengths, batch_size=12, row_multiple=8)
+    assert [rows.tolist() for rows, _, _ in plan] == [
+        b.tolist() for b in embedder.length_batches(lengths, 12)
+    ]
+    assert {padded for _, padded, _ in plan} == {16}
+    with pytest.raises(ValueError, match="tokens_per_batch >= 0"):
+        embedder.batch_plan(lengths, batch_size=4, tokens_per_batch=-1)
 
 
 def test_unknown_attention_implementation_fails(minilm_dir):
