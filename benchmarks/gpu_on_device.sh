@@ -76,6 +76,13 @@ with gzip.open("../shared/data/financebench/filings.jsonl.gz", "rt") as f, \
 (out / "filings.jsonl.gz.tmp").rename(out / "filings.jsonl.gz")
 EOF
   du -sh .whl "$DATA"
+  # What travels to the device: the tracked tree (as checked out) with .whl and $DATA, <= 64 MiB.
+  kib=$(( $(git ls-files -z | du -ck --apparent-size --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+          + $(du -sk --apparent-size .whl "$DATA" | awk '{s += $1} END {print s}') ))
+  echo "the device copy: $((kib / 1024)) MiB with models/ (limit 64 MiB)"
+  if (( kib > 64 * 1024 )); then
+    echo "over the limit: move models/ aside for the calls (mv models /tmp/models_hold)"
+  fi
   exit 0
 fi
 
