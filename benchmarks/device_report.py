@@ -236,7 +236,7 @@ def run_benchmark(args, script: str, flags: list[str], limit: float, env=None) -
 
 def setup(args, work: Path) -> dict:
     """Model directory, the training passages and their imported teacher vectors."""
-    from caliber_jax import prepare, tokenization
+    from caliber_jax import prepare, tokenization, train
     from caliber_jax.data import pipeline
     from caliber_jax.models import embedding
 
@@ -264,6 +264,13 @@ def setup(args, work: Path) -> dict:
         prepare.prepare_from_config(config)
         (data / "val.jsonl").unlink(missing_ok=True)  # the epoch trains; no validation pass
         source = f"caliber_jax.prepare over {args.filings}, capped at {SIZES['passages']} (0: all)"
+    # The student's token lengths, kept where train reads them, as `caliber_jax.prepare` keeps
+    # them for a user's data: the launches below read them instead of tokenizing.
+    config.data.dir, config.model.init_dir = str(data), str(work / "model")
+    config.data.max_length = train_setting("data.max_length")
+    lengths_start = time.perf_counter()
+    train.keep_token_lengths(config)
+    token_lengths_s = time.perf_counter() - lengths_start
     texts, perturbed = pipeline.load_passages(data / "train.jsonl")
     # Random teacher vectors (the step's cost does not depend on their values), seeded, imported
     # as a user's own vectors would be.
@@ -293,6 +300,7 @@ def setup(args, work: Path) -> dict:
         "pert_share": pert_share,
         "passages_source": source,
         "teacher_import_s": time.perf_counter() - imported,
+        "token_lengths_s": token_lengths_s,
     }
 
 

@@ -13,6 +13,7 @@ unless `prepare.include_eval_docs`.
 import collections
 import os
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -401,6 +402,18 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = flags.FLAGS.config
     stats = prepare_from_config(config)
+    from caliber_jax import train  # jax and the tokenizer: only now
+
+    # The student's token lengths, which train's first launch would otherwise compute.
+    kept = train.keep_token_lengths(config)
+    where = paths.as_path(config.data.dir) / "token_lengths"
+    line = (
+        f"token lengths of {', '.join(kept)} kept in {where}"
+        if kept
+        else "token lengths not kept: no student tokenizer at model.tokenizer_dir / "
+        "model.init_dir yet (train computes them at its first launch)"
+    )
+    print(f"[caliber_jax] {line}", file=sys.stderr)
     # One summary line; everything else is in stats.json.
     print(
         f"prepare: {stats['documents']} documents -> {stats['passages']} passages "

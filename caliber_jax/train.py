@@ -200,6 +200,32 @@ def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: 
     )
 
 
+def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
+    """Tokenizes each prepared split with the student's tokenizer and keeps the lengths where
+    `train` reads them (`lengths_cache`), so that its first launch tokenizes nothing (`prepare`
+    calls this). Returns the splits kept; none when the tokenizer directory is not there yet
+    (`train` then tokenizes at its first launch, as before)."""
+    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    if not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
+        return []
+    tokenize_fn = TokenizeFn(tokenizer_dir)
+    kept = []
+    for split in ("train", "val"):
+        passages = data_paths(config.data.dir, split)[0]
+        if not passages.exists():
+            continue
+        texts, perturbed = pipeline.load_passages(passages)
+        cache = lengths_cache(config, split, tokenizer_dir)
+        if length_cache.load(cache, len(texts)) is None:
+            length_cache.save(
+                cache,
+                pipeline.token_lengths(tokenize_fn, texts, config.data.max_length),
+                pipeline.token_lengths(tokenize_fn, perturbed, config.data.max_length),
+            )
+        kept.append(split)
+    return kept
+
+
 def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec, dict[str, Any]]:
     """Student spec and flat float32 params from `config.model.init_dir` (HF layout)."""
     model = config.model

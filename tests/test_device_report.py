@@ -78,6 +78,8 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     data = tmp_path / "work" / "data"
     assert (data / "teacher_train" / "x").is_dir() and (data / "teacher_train" / "px").is_dir()
     assert parts["setup"]["passages_source"].startswith("caliber_jax.prepare over")
+    # Setup kept the student's token lengths as prepare does; the launches read that one file.
+    assert len(list((tmp_path / "work" / "data" / "token_lengths").glob("train_*.npz"))) == 1
     # The epoch ran launch to exit, every step of it; its metrics and log came back.
     epoch = parts["train_epoch"]
     assert epoch["rc"] == 0 and epoch["finished"] is True, epoch

@@ -5,10 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from caliber_jax import prepare as prepare_lib
-from caliber_jax.data import corpus, numgap, perturb
+from caliber_jax import train as train_lib
+from caliber_jax.data import corpus, length_cache, numgap, perturb, pipeline
+from configs import demo
 
 TOPIC_TEXT = {
     "alpha": "Revenue increased {n}2.4% to ${n},400 million in fiscal 201{n}, driven by pricing.",
@@ -146,6 +149,20 @@ def test_cli_reads_the_config_and_holds_out_whole_documents(tmp_path):
     for name in ("numgap_dev.jsonl", "numgap_test.jsonl"):
         for record in corpus.load_jsonl(tmp_path / "out" / name):
             assert record["anchor"] in val_texts and record["distractor"] in val_texts
+    # The student's token lengths are kept where train reads them, equal to tokenizing now.
+    assert "token lengths of train, val kept" in result.stderr
+    config = demo.get_config()
+    config.data.dir = str(tmp_path / "out")
+    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    tokenize_fn = train_lib.TokenizeFn(tokenizer_dir)
+    for split in ("train", "val"):
+        cache = train_lib.lengths_cache(config, split, tokenizer_dir)
+        texts, perturbed = pipeline.load_passages(tmp_path / "out" / f"{split}.jsonl")
+        kept = length_cache.load(cache, len(texts))
+        assert kept is not None, split
+        for got, rows in zip(kept, (texts, perturbed), strict=True):
+            want = pipeline.token_lengths(tokenize_fn, rows, config.data.max_length)
+            np.testing.assert_array_equal(got, want)
 
 
 def test_heldout_documents_is_seeded_and_order_free():
