@@ -110,7 +110,7 @@ REQUIRED = {
     "setup": ("setup_s", "passages", "pert_share", "teacher_import_s"),
     "train_epoch": TRAIN_KEYS + (
         "exit_s", "steps", "compile_s", "real_tokens", "real_tokens_per_s", "mfu_epoch",
-        "mfu_steady",
+        "mfu_steady", "step_s_mean",
     ),
     "train_warm": TRAIN_KEYS,
     "student_packed": STUDENT_KEYS + PROFILE_KEYS + TORCH_KEYS,
@@ -396,6 +396,11 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
     real_tokens = sum(seconds * rate for _, seconds, rate in windows)
     steady = windows[1:] or windows  # the first window holds the first step's compile
     step_s = statistics.median(seconds / count for count, seconds, _ in steady)
+    # The mean over the same windows less those holding a stall (over twice the median: a
+    # checkpoint save, a validation pass, a compile): with `data.pack_first_steps` the first
+    # windows hold one row count only, so the median alone leans on them.
+    usual = [(count, seconds) for count, seconds, _ in steady if seconds / count <= 2 * step_s]
+    step_s_mean = sum(seconds for _, seconds in usual) / max(1, sum(count for count, _ in usual))
     steady_tokens = statistics.median(rate for _, _, rate in steady)
     sequences = batch * (1 + setup_record["pert_share"])  # x and pi(x) per step, on average
     tokens_per_sequence = real_tokens / max(1, steps[-1] * sequences)
@@ -407,6 +412,7 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
         "epoch_steps": float(total_steps),
         "exit_s": exit_s,
         "step_s": step_s,
+        "step_s_mean": step_s_mean,
         "real_tokens": real_tokens,
         "real_tokens_per_s": real_tokens / exit_s,
         "steady_real_tokens_per_s": steady_tokens,
