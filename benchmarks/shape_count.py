@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import tokenization  # noqa: E402
+from caliber_jax import tokenization, train  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 
 DEFAULT_LAYOUTS = (
@@ -169,7 +169,7 @@ def main(argv=None) -> None:
     if args.tokenizer == "qwen3":
         tokenizer = tokenization.build_qwen3_tokenizer()
     else:
-        tokenizer = tokenization.load_tokenizer(config.model.tokenizer_dir or config.model.init_dir)
+        tokenizer = tokenization.load_tokenizer(train.student_tokenizer_dir(config))
 
     def tokenize_fn(batch, length):
         return tokenization.tokenize(tokenizer, batch, max_length=length)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from caliber_jax import embed_teacher, tokenization  # noqa: E402
+from caliber_jax import embed_teacher, tokenization, train  # noqa: E402
 from caliber_jax.data import pipeline  # noqa: E402
 
 REPO_ROOT = common.REPO_ROOT
@@ -183,7 +183,7 @@ def epoch_plan(setup: Setup, data_dir: Path) -> np.ndarray:
     """[steps, B] row indices of the epoch, as `caliber_jax.train`'s loader cuts it."""
     config = setup.config
     texts, perturbed = pipeline.load_passages(data_dir / "train.jsonl")
-    tokenizer = tokenization.load_tokenizer(config.model.tokenizer_dir or config.model.init_dir)
+    tokenizer = tokenization.load_tokenizer(train.student_tokenizer_dir(config))
 
     def tokenize_fn(batch, max_length):
         return tokenization.tokenize(tokenizer, batch, max_length=max_length)

@@ -263,7 +263,8 @@ def apply_to_config(args: argparse.Namespace) -> None:
 def build_student(args) -> tuple[common.Student, object]:
     if args.init_dir:  # as train loads it (config.model.*)
         spec, flat = train.init_params(args.config)
-        return common.Student(spec, flat), tokenization.load_tokenizer(tokenizer_dir(args.config))
+        tokenizer = tokenization.load_tokenizer(train.student_tokenizer_dir(args.config))
+        return common.Student(spec, flat), tokenizer
     if args.model == "minilm":
         student = common.load_minilm(num_layers=args.num_layers)
         tokenizer = tokenization.load_tokenizer(common.minilm_dir())
@@ -274,11 +275,6 @@ def build_student(args) -> tuple[common.Student, object]:
         student = common.random_qwen3(config, seed=args.seed)
         tokenizer = tokenization.build_qwen3_tokenizer()
     return student, tokenizer
-
-
-def tokenizer_dir(config) -> str:
-    """The tokenizer `train` loads (`config.model.tokenizer_dir`, else the init dir)."""
-    return config.model.tokenizer_dir or config.model.init_dir
 
 
 def fixed_texts(tokenizer, *, count: int, length: int) -> list[str]:
@@ -725,7 +721,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="train_throughput_") as tmp:
         if args.data_dir:  # train's split, and the token lengths train kept beside it
             source = train.make_source(args.config, "train", dim)
-            cache = train.lengths_cache(args.config, "train", tokenizer_dir(args.config))
+            tokenizer_dir = train.student_tokenizer_dir(args.config)
+            cache = train.lengths_cache(args.config, "train", tokenizer_dir)
             print(f"source={args.data_dir} ({len(source)} passages: train's epoch)")
         else:
             texts, perturbed = build_rows(args, tokenizer)

@@ -200,12 +200,17 @@ def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: 
     )
 
 
+def student_tokenizer_dir(config: ml_collections.ConfigDict) -> str:
+    """The student's tokenizer directory: `model.tokenizer_dir`, else the init dir."""
+    return config.model.tokenizer_dir or config.model.init_dir
+
+
 def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
     """Tokenizes each prepared split with the student's tokenizer and keeps the lengths where
     `train` reads them (`lengths_cache`), so that its first launch tokenizes nothing (`prepare`
     calls this). Returns the splits kept; none when the tokenizer directory is not there yet
     (`train` then tokenizes at its first launch, as before)."""
-    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    tokenizer_dir = student_tokenizer_dir(config)
     if not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
         return []
     tokenize_fn = TokenizeFn(tokenizer_dir)
@@ -489,7 +494,7 @@ def _train(
     spec, flat = init_params(config)
     marks.append(("weights", time.perf_counter()))
     dim = spec.out_dim or spec.config.width
-    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    tokenizer_dir = student_tokenizer_dir(config)
     tokenizer = tokenization.load_tokenizer(tokenizer_dir)
     tokenize_fn = TokenizeFn(tokenizer_dir, tokenizer)
     pad_id = (
