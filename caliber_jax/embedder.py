@@ -29,7 +29,7 @@ def resolve_dtype_name(name: str) -> str:
     """A compute dtype's name, "auto" resolved: bfloat16 on accelerators and on CPUs that multiply
     it in hardware (`host.native_bf16`), float32 on other CPUs."""
     if name == AUTO:
-        return "bfloat16" if jax.default_backend() != "cpu" or host.native_bf16() else "float32"
+        return "bfloat16" if host.auto_bf16(jax.default_backend() != "cpu") else "float32"
     if name not in DTYPES:
         raise ValueError(f"dtype={name!r}, expected one of {sorted([*DTYPES, AUTO])}")
     return name

@@ -41,3 +41,10 @@ def native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (`NATIVE_BF16_FLAGS`): there a bfloat16
     step is faster than a float32 one, elsewhere XLA emulates it and float32 is the faster."""
     return not cpu_flags(cpuinfo).isdisjoint(NATIVE_BF16_FLAGS)
+
+
+def auto_bf16(on_accelerator: bool) -> bool:
+    """The compute dtype "auto" as one rule for the Flax and the PyTorch paths
+    (`embedder.resolve_dtype_name`, `torch_teacher.autocast_bf16`): bfloat16 on an accelerator
+    and on a CPU that multiplies it in hardware (`native_bf16`), float32 on other CPUs."""
+    return on_accelerator or native_bf16()

@@ -162,10 +162,17 @@ def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath
     )
 
 
-def corpus_lengths(source: pipeline.TrainSource, tokenize_fn, *, max_length: int, cache=None):
-    """Token lengths of every x and pi(x) ([N], [N]): each process tokenizes only its 1/P share
-    of the rows, then all processes gather the rest. `cache` (`length_cache.cache_path`): read
-    from there when it holds them, else written there (by process 0) once computed."""
+def corpus_lengths(
+    source: pipeline.TrainSource | pipeline.PassageTexts,
+    tokenize_fn,
+    *,
+    max_length: int,
+    cache=None,
+):
+    """Token lengths of every x and pi(x) ([N], [N]) of `source` (its `len` and `read_texts`):
+    each process tokenizes only its 1/P share of the rows, then all processes gather the rest.
+    `cache` (`length_cache.cache_path`): read from there when it holds them, else written there
+    (by process 0) once computed."""
     if cache is not None and (kept := length_cache.load(cache, len(source))) is not None:
         return kept
     count, index, rows = jax.process_count(), jax.process_index(), len(source)
@@ -217,17 +224,12 @@ def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
     kept = []
     for split in ("train", "val"):
         passages = data_paths(config.data.dir, split)[0]
-        if not passages.exists():
-            continue
-        texts, perturbed = pipeline.load_passages(passages)
-        cache = lengths_cache(config, split, tokenizer_dir)
-        if length_cache.load(cache, len(texts)) is None:
-            length_cache.save(
-                cache,
-                pipeline.token_lengths(tokenize_fn, texts, config.data.max_length),
-                pipeline.token_lengths(tokenize_fn, perturbed, config.data.max_length),
-            )
-        kept.append(split)
+        if passages.exists():
+            corpus_lengths(
+                pipeline.PassageTexts(passages), tokenize_fn, max_length=config.data.max_length,
+                cache=lengths_cache(config, split, tokenizer_dir),
+            )  # fmt: skip
+            kept.append(split)
     return kept
 
 

@@ -111,6 +111,21 @@ def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     return texts, perturbed
 
 
+class PassageTexts:
+    """The texts of a passages file, read as `TrainSource` reads them (`len`, `read_texts`),
+    without teacher stores: what token lengths need before the teacher has run."""
+
+    def __init__(self, passages_path: str | os.PathLike):
+        self.texts, self.perturbed = load_passages(paths.as_path(passages_path))
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def read_texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
+        """(texts, perturbed) of the rows; "" where a row has no perturbation."""
+        return [self.texts[i] for i in indices], [self.perturbed[i] for i in indices]
+
+
 class TrainSource:
     """Random-access rows {text, perturbed, has_pert, teacher_x, teacher_px, index}.
 

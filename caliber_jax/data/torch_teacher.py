@@ -27,12 +27,11 @@ def resolve_device(device: str) -> str:
 
 
 def autocast_bf16(dtype: str, device: str) -> bool:
-    """Whether `dtype` "auto" runs float32 weights under bfloat16 autocast on `device` ("cuda",
-    or a CPU that multiplies bfloat16 in hardware, `host.native_bf16`; float32 elsewhere): the
-    Flax `Embedder`'s "auto" (`embedder.resolve_dtype_name`), float32 norms and accumulation."""
+    """Whether `dtype` "auto" runs float32 weights under bfloat16 autocast on `device`
+    (`host.auto_bf16`, the Flax `Embedder`'s rule too): float32 norms and accumulation."""
     from caliber_jax import host
 
-    return dtype == "auto" and (device.startswith("cuda") or host.native_bf16())
+    return dtype == "auto" and host.auto_bf16(device.startswith("cuda"))
 
 
 class TorchEncoder:

@@ -183,7 +183,7 @@ def test_bfloat16_embedding_gradients_are_summed_in_float32():
 def test_bfloat16_bias_and_norm_gradients_are_summed_in_float32(monkeypatch, native):
     """A bias's and an RMSNorm scale's gradient are sums over every row of a batch: in float32
     (rounded to bfloat16 first, the sum came out 31.875 for 30.03), on both Linear paths; the
-    forward is the plain bfloat16 one."""
+    forward adds the float32 bias to the product and rounds the sum once."""
     from caliber_jax import host
 
     monkeypatch.setattr(host, "native_bf16", lambda: native)
@@ -194,6 +194,14 @@ def test_bfloat16_bias_and_norm_gradients_are_summed_in_float32(monkeypatch, nat
         np.broadcast_to(np.asarray(lin.bias[...].astype(jnp.bfloat16), np.float32), (READS, 4)),
     )
     np.testing.assert_allclose(np.asarray(_grad_of_sum(lin, x).bias[...]), EXACT, rtol=1e-5)
+    lin.bias[...] = jnp.asarray([0.1234567, -1.0078125, 3.0e-3, 257.3], jnp.float32)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 4)), jnp.bfloat16)
+    product = np.asarray(x, np.float64) @ np.asarray(
+        lin.kernel[...].astype(jnp.bfloat16), np.float64
+    )
+    # The product in bfloat16 (float32 products, rounded once), then + the float32 bias, rounded.
+    want = _bf16(_bf16(product) + np.asarray(lin.bias[...], np.float64))
+    np.testing.assert_array_equal(np.asarray(lin(x), np.float32), want)
 
     norm = layers.RMSNorm(4, eps=1e-6, dtype=jnp.bfloat16)
     ones = jnp.ones((READS, 4), jnp.bfloat16)  # normalised to 1: the output is the scale
