@@ -3,6 +3,9 @@
     python scripts/numgap_rules.py --numgap docs/study_mpnet_long/data/numgap_test.jsonl \
         --results docs/study_mpnet_long/results/*/numgap.json --output docs/numgap_rules.md
 
+`--stat M` gives the mean margin M = cos(x, d) - cos(x, pi x) per rule instead of the share
+separated: where D is 0, whether a rule is near separating or where distillation left it.
+
 Each NumGap record's rule (`perturb.edit_rule`: each scale swap, %/bps, percent/basis points, each
 direction-word pair, x10 or /10, ...) is read off its anchor and perturbed text; each results file
 (`caliber_jax.evaluate --tasks numgap`, saved with per-record outcomes) gives its hit per record.
@@ -112,9 +115,15 @@ def distances_markdown(table: dict, min_pairs: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def per_rule(records: list[dict], results: dict[str, dict]) -> dict[tuple[str, str], dict]:
-    """{(category, rule): {"n": count, label: D}} over every model of `results` (label ->
-    loaded results file), plus each category's and the overall rows (rule "all")."""
+def per_rule(
+    records: list[dict], results: dict[str, dict], stat: str = "D"
+) -> dict[tuple[str, str], dict]:
+    """{(category, rule): {"n": count, label: mean}} over every model of `results` (label ->
+    loaded results file), plus each category's and the overall rows (rule "all"): the mean of
+    `stat` over the rule's records, "D" (the share separated) or "M" (the mean margin
+    cos(x, d) - cos(x, pi x): how far from separating a rule that scores D 0 is)."""
+    if stat not in ("D", "M"):
+        raise ValueError(f"stat={stat!r}: NumGap's per-record outcomes are 'D' and 'M'")
     rules = record_rules(records)
     ids = [numgap.record_id(index, r) for index, r in enumerate(records)]
     table: dict[tuple[str, str], dict] = {}
@@ -128,7 +137,7 @@ def per_rule(records: list[dict], results: dict[str, dict]) -> dict[tuple[str, s
     for key in sorted(groups, key=_row_order):
         table[key] = {"n": len(groups[key])}
     for label, loaded in results.items():
-        hits = loaded.get(PER_QUERY, {}).get("numgap", {}).get("D")
+        hits = loaded.get(PER_QUERY, {}).get("numgap", {}).get(stat)
         if hits is None or set(hits) != set(ids):
             raise ValueError(f"{label}: no per-record NumGap outcomes for these records")
         for key, rows in groups.items():
@@ -176,6 +185,9 @@ def main() -> None:
                         "rule shown")  # fmt: skip
     parser.add_argument("--train", default=None, help="prepared train.jsonl: rule counts")
     parser.add_argument("--output", default=None, help="also write the markdown table here")
+    parser.add_argument("--stat", choices=("D", "M"), default="D",
+                        help="per rule: the share separated (D) or the mean margin "
+                        "cos(x, d) - cos(x, pi x) (M)")  # fmt: skip
     args = parser.parse_args()
     if args.teacher_data:
         print(distances_markdown(teacher_distances(Path(args.teacher_data)), args.min_pairs))
@@ -187,7 +199,7 @@ def main() -> None:
     for path in args.results:
         loaded = json.loads(Path(path).read_text())
         results[loaded.get("label") or Path(path).parent.name] = loaded
-    table = per_rule(records, results)
+    table = per_rule(records, results, args.stat)
     train = train_rules(Path(args.train)) if args.train else None
     text = markdown(table, list(results), train)
     if args.output:

@@ -29,9 +29,10 @@ for index, record in enumerate(RECORDS):
     record["distractor"] = f"another passage {index}"
 
 
-def results(hits):
+def results(hits, margins=(0.0,) * 5):
     ids = [numgap.record_id(i, r) for i, r in enumerate(RECORDS)]
-    return {PER_QUERY: {"numgap": {"D": dict(zip(ids, hits, strict=True))}}}
+    return {PER_QUERY: {"numgap": {"D": dict(zip(ids, hits, strict=True)),
+                                   "M": dict(zip(ids, margins, strict=True))}}}  # fmt: skip
 
 
 def test_per_rule_hand_values():
@@ -58,6 +59,17 @@ def test_per_rule_hand_values():
     assert "| unit | %->bps | 1 | 7 | 1.0000 | 0.0000 |" in text
     assert "| polarity | all | 2 | 3 |" in text  # the scope rows are not counted twice
     assert "| overall | all | 5 | 10 |" in text
+    # The mean margin per rule instead of the share separated.
+    margins = numgap_rules.per_rule(
+        RECORDS, {"A": results([1, 0, 1, 0, 1], (0.1, -0.2, 0.3, -0.4, 0.5))}, "M"
+    )
+    by_rule = {key: row["A"] for key, row in margins.items()}
+    assert by_rule[("unit", "million->billion")] == pytest.approx((-0.2 + 0.3) / 2)
+    assert by_rule[("unit", "all")] == pytest.approx((0.1 - 0.2 + 0.3) / 3)
+    assert by_rule[("polarity", "rose/fell")] == pytest.approx(-0.4)
+    assert by_rule[("overall", "all")] == pytest.approx(0.06)
+    with pytest.raises(ValueError, match="stat='R'"):
+        numgap_rules.per_rule(RECORDS, {"A": results([1, 0, 1, 0, 1])}, "R")
     # Outcomes of other records (or none) are refused rather than mismatched.
     other = results([1, 0, 1, 0, 1])
     other[PER_QUERY]["numgap"]["D"] = {"0:deadbeef": 1}
