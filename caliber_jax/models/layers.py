@@ -60,11 +60,12 @@ def embed(count: int, width: int, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> Embed:
 
 class Linear(nnx.Linear):
     """`nnx.Linear` whose float32 bias is added to the product in float32 and the sum rounded
-    once to the compute dtype, as cuBLAS's bias epilogue under PyTorch's autocast does: its
-    promote_dtype (`_promote_operands`, `_promote_input`) leaves the bias float32, so the bias's
-    gradient is summed over the rows in float32 (in bfloat16 a sum over a batch's tokens loses
-    most of it: issue #55's review, 6% off over 3,000 rows). The same parameters, and in float32
-    the same computation."""
+    once to the compute dtype (nearer to cuBLAS's bias epilogue under PyTorch's autocast, which
+    adds it to the float32 accumulator, than rounding the bias first): its promote_dtype
+    (`_promote_operands`, `_promote_input`) leaves the bias float32, so the bias's gradient is
+    summed over the rows in float32 (in bfloat16 a sum over a batch's tokens loses most of it:
+    issue #55's review, 6% off over 3,000 rows). The same parameters, and in float32 the same
+    computation."""
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
         y = super().__call__(inputs)
