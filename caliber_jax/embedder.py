@@ -53,12 +53,6 @@ def bucket_length(length: int, max_length: int = 512) -> int:
     return padding.bucket_for(length, ladder)
 
 
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
-    """Row indices grouped into batches of similar length (longest first, stable)."""
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
 def batch_plan(
     lengths: Sequence[int],
     *,

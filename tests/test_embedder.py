@@ -74,10 +74,11 @@ def test_batch_plan_fills_a_token_budget_with_one_row_count_per_rung():
         # One program per rung: as many rows as the budget holds.
         assert rows_of == {length: {8192 // length // multiple * multiple} for length in rows_of}
         assert rows_of[512] == {16} and min(rows_of) < 100
-    # Without a budget: batch_size rows (rounded up to the multiple), as length_batches cuts them.
+    # Without a budget: batch_size rows (rounded up to the multiple), longest first (stable).
     plan = embedder.batch_plan(lengths, batch_size=12, row_multiple=8)
+    order = np.argsort(-np.asarray(lengths), kind="stable")
     assert [rows.tolist() for rows, _, _ in plan] == [
-        b.tolist() for b in embedder.length_batches(lengths, 12)
+        order[i : i + 12].tolist() for i in range(0, len(order), 12)
     ]
     assert {padded for _, padded, _ in plan} == {16}
     with pytest.raises(ValueError, match="tokens_per_batch >= 0"):

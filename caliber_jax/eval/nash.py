@@ -167,10 +167,12 @@ def token_embeddings(
     ids = encoded["input_ids"]
     hidden_fn = _hidden_fn(embedder.graphdef)
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
-    for rows in embedder_lib.length_batches([len(seq) for seq in ids], batch_size):
-        length = embedder_lib.bucket_length(max(len(ids[r]) for r in rows), embedder.max_length)
+    plan = embedder_lib.batch_plan(
+        [len(seq) for seq in ids], batch_size=batch_size, max_length=embedder.max_length
+    )
+    for rows, padded_rows, length in plan:
         batch_ids, batch_mask = embedder_lib.pad_batch(
-            [ids[r] for r in rows], rows=batch_size, length=length, pad_id=embedder.pad_id
+            [ids[r] for r in rows], rows=padded_rows, length=length, pad_id=embedder.pad_id
         )
         hidden_btd = np.asarray(hidden_fn(embedder.params, batch_ids, batch_mask))
         for slot, row in enumerate(rows):
