@@ -153,7 +153,7 @@ def test_cli_reads_the_config_and_holds_out_whole_documents(tmp_path):
     assert "token lengths of train, val kept" in result.stderr
     config = demo.get_config()
     config.data.dir = str(tmp_path / "out")
-    tokenizer_dir = config.model.tokenizer_dir or config.model.init_dir
+    tokenizer_dir = train_lib.student_tokenizer_dir(config)
     tokenize_fn = train_lib.TokenizeFn(tokenizer_dir)
     for split in ("train", "val"):
         cache = train_lib.lengths_cache(config, split, tokenizer_dir)
