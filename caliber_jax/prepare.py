@@ -26,12 +26,10 @@ from caliber_jax.eval import numfine
 
 
 def choose_perturbation(
-    text: str, *, seed: int, categories: Sequence[str], polarity_scope: str = "paper"
+    text: str, *, seed: int, categories: Sequence[str], rules: perturb.Rules
 ) -> tuple[dict[str, str], str | None]:
     """Returns (each firing category -> perturbed text, the category picked by `seed`)."""
-    fired = perturb.perturb_all(
-        text, seed=seed, categories=categories, polarity_scope=polarity_scope
-    )
+    fired = perturb.perturb_all(text, seed=seed, categories=categories, rules=rules)
     if not fired:
         return fired, None
     return fired, random.Random(seed).choice(sorted(fired))
@@ -58,7 +56,7 @@ def prepare(
     neighbour_k: int = 0,
     queries: bool = False,
     balance_rules: bool = False,
-    polarity_scope: str = "paper",
+    rules: perturb.Rules = perturb.PAPER_RULES,
     category_weights: Mapping[str, float] | None = None,
     queries_only: bool = False,
     mined_dev: int = 0,
@@ -80,8 +78,8 @@ def prepare(
     category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
     (`rebalance_rules`), and passages.jsonl and stats.json's counts record those redrawn ones
     (stats "chosen" over every passage, "train_chosen" over train.jsonl); validation and NumGap
-    are unchanged. `polarity_scope`
-    (`perturb.POLARITY_SCOPES`) says where direction words count, for every split and NumGap.
+    are unchanged. `rules` (`perturb.Rules`: where direction words count, which scale words
+    swap) holds for every split and NumGap.
     `category_weights` (with `balance_rules` only) draws the training category in proportion to
     these weights among those that fire (1 for a category left out), e.g. {"polarity": 3}.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
@@ -124,7 +122,7 @@ def prepare(
             passage["text"],
             seed=perturb.derive_seed(seed, passage["id"]),
             categories=categories,
-            polarity_scope=polarity_scope,
+            rules=rules,
         )
         for name in fired:
             admits[name] += 1
@@ -148,7 +146,7 @@ def prepare(
             train,
             categories=categories,
             seed=seed,
-            polarity_scope=polarity_scope,
+            rules=rules,
             category_weights=category_weights,
         )
         # passages.jsonl (and the counts below) record the draws train.jsonl holds.
@@ -190,7 +188,8 @@ def prepare(
         "train_chosen": count_categories(train),
         "seed": seed,
         "categories": list(categories),
-        "polarity_scope": polarity_scope,
+        "polarity_scope": rules.polarity_scope,
+        "scale_swaps": rules.scales,
         "category_weights": dict(category_weights or {}),
         "include_eval_docs": include_eval_docs,
         "heldout_documents": sorted(heldout),
@@ -206,7 +205,7 @@ def prepare(
             quotas_dev=quotas_dev,
             seed=seed,
             bm25_k=bm25_k,
-            polarity_scope=polarity_scope,
+            rules=rules,
         )
         numgap.save_numgap(output_dir, splits)
         stats["numgap_eligible_anchors"] = sum(
@@ -273,7 +272,7 @@ def rebalance_rules(
     *,
     categories: Sequence[str],
     seed: int,
-    polarity_scope: str = "paper",
+    rules: perturb.Rules = perturb.PAPER_RULES,
     category_weights: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The passages with their "category" and "perturbed" drawn again by
@@ -283,12 +282,12 @@ def rebalance_rules(
     category mix stays as it was; only the rule mix inside a category changes. Seeded per
     passage id."""
     texts = [p["text"] for p in passages]
-    weights = perturb.rule_weights(texts, categories, polarity_scope=polarity_scope)
+    weights = perturb.rule_weights(texts, categories, rules=rules)
     out = []
     for passage in passages:
         chosen = perturb.perturb_balanced(
             passage["text"], perturb.derive_seed(seed, "balanced", passage["id"]), categories,
-            weights, polarity_scope=polarity_scope, category_weights=category_weights,
+            weights, rules=rules, category_weights=category_weights,
         )  # fmt: skip
         category, perturbed = chosen if chosen is not None else (None, None)
         out.append({**passage, "category": category, "perturbed": perturbed})
@@ -390,7 +389,10 @@ def prepare_from_config(config) -> dict[str, Any]:
         neighbour_k=options.get("neighbour_k", 0),
         queries=options.get("queries", False),
         balance_rules=options.get("balance_rules", False),
-        polarity_scope=options.get("polarity_scope", "paper"),
+        rules=perturb.Rules(
+            polarity_scope=options.get("polarity_scope", "paper"),
+            scales=options.get("scale_swaps", "paper"),
+        ),
         category_weights=dict(options.get("category_weights", {})),
         queries_only=options.get("queries_only", False),
         mined_dev=options.get("mined_dev", 0),

@@ -49,6 +49,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # numeric span, years included) or "quantity" (only words that govern an amount, at most 4
     # words away in the same sentence; caliber_jax/data/perturb.py).
     config.prepare.polarity_scope = "paper"
+    # Which scale words a unit edit swaps: "paper" (Appendix D.2: million -> billion or thousand,
+    # billion -> million, thousand -> million) or "all" (every scale for every other, both ways;
+    # perturb.SCALE_SETS), for training, validation and NumGap alike.
+    config.prepare.scale_swaps = "paper"
     # With balance_rules: the training category drawn in proportion to these weights among those
     # that fire on a passage (--config.prepare.category_weights.polarity=3); all equal: uniform.
     config.prepare.category_weights = dict.fromkeys(config.prepare.categories, 1.0)

@@ -207,6 +207,7 @@ def write_card(
     train_length = config.get("data", {}).get("max_length")
     lr = config.get("optim", {}).get("lr")
     polarity_scope = prepare.get("polarity_scope", "paper")
+    scales = prepare.get("scale_swaps", "paper")
     commit, date = (
         ", ".join(sorted({str(block.get(field, provenance.UNKNOWN)) for block in blocks}))
         or provenance.UNKNOWN
@@ -270,7 +271,8 @@ Columns: this model, its start(s) ({", ".join(starts)}) and the teacher ({teache
 - **Data:** {passages_text(config)} of SEC filings (FinanceBench's evaluation
   filings excluded; NumGap from held-out filings only), one rule-based numeric perturbation each
   where a rule fires (categories {", ".join(prepare.get("categories", []))}; rules balanced within
-  a category: {prepare.get("balance_rules")}; polarity rule: {polarity_scope}; category
+  a category: {prepare.get("balance_rules")}; polarity rule: {polarity_scope}; scale swaps:
+  {scales}; category
   weights: {weights_text(prepare)}), a topical BM25 neighbour each, and {data_clause(prepare)}.
 - **Objective:** {objective_text(loss)}
 - **Steps:** {steps} of batch {config.get("batch_size")}, AdamW lr {lr}, max length

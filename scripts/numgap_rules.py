@@ -51,7 +51,9 @@ def record_rules(records: list[dict]) -> list[tuple[str, str]]:
 def polarity_scope(text: str, perturbed: str) -> str:
     """AMOUNT when the quantity scope admits the edit `text` -> `perturbed` (a sign flip
     included), else NO_AMOUNT."""
-    edits = perturb.candidate_edits(text, "polarity", polarity_scope="quantity")
+    edits = perturb.candidate_edits(
+        text, "polarity", rules=perturb.Rules(polarity_scope="quantity")
+    )
     return AMOUNT if any(p == perturbed for _, p in edits) else NO_AMOUNT
 
 

@@ -166,7 +166,7 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     assert "**Weights:** a blend, 0.75 x a twin trained by distillation alone" in text
     assert "objective caliber, lambda 0.0, perturb_weight 1.0, structure 0.0) + 0.25 x" in text
     assert "W_out started as the least-squares map" in text
-    assert "polarity rule: paper; category\n  weights: equal)" in text
+    assert "polarity rule: paper; scale swaps:\n  paper; category\n  weights: equal)" in text
     # Separate late: the run starts from the twin's export, and the card says so.
     (twin / "summary.json").write_text(json.dumps({"step": 2000}))
     start = twin / "hf"
@@ -183,7 +183,10 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     ).read_text()  # fmt: skip
     assert "started from the weights (W_out included) of twin: 2000 steps of objective" in text
     assert "caliber, lambda 0.0, perturb_weight 1.0" in text and "least-squares" not in text
-    assert "polarity rule: quantity; category\n  weights: magnitude 1, polarity 3, unit 1)" in text
+    assert (
+        "polarity rule: quantity; scale swaps:\n  paper; category\n  weights: magnitude 1, "
+        "polarity 3, unit 1)" in text
+    )
     # A blend of a run with the weights it started from (`export --interpolate`, WiSE-FT).
     (hf / "caliber_export.json").write_text(json.dumps({"interpolate": 0.8}))
     text = model_card.write_card(

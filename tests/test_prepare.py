@@ -287,7 +287,9 @@ def test_prepare_polarity_scope_reaches_every_split_and_numgap(tmp_path):
         seed=0, heldout_fraction=0.34, build_numgap=True, quotas_test=quotas, quotas_dev=quotas,
         categories=("polarity",), balance_rules=True,
     )  # fmt: skip
-    stats = prepare_lib.prepare(source, tmp_path / "q", polarity_scope="quantity", **options)
+    stats = prepare_lib.prepare(
+        source, tmp_path / "q", rules=perturb.Rules(polarity_scope="quantity"), **options
+    )
     assert stats["polarity_scope"] == "quantity"
     written = [
         *corpus.load_jsonl(tmp_path / "q" / "passages.jsonl"),
@@ -301,13 +303,60 @@ def test_prepare_polarity_scope_reaches_every_split_and_numgap(tmp_path):
     assert not any("discussed below" in row["perturbed"] for row in perturbed)
     for row in perturbed:
         text = row.get("text", row.get("anchor"))
-        edits = perturb.candidate_edits(text, "polarity", polarity_scope="quantity")
+        edits = perturb.candidate_edits(
+            text, "polarity", rules=perturb.Rules(polarity_scope="quantity")
+        )
         assert row["perturbed"] in [p for _, p in edits]
     # The paper's rule offers the cross-reference swap on these very passages.
     assert any(
         "discussed below" in p for row in perturbed for _, p in perturb.candidate_edits(
             row.get("text", row.get("anchor")), "polarity")
     )  # fmt: skip
+
+
+def test_prepare_scale_swaps_from_the_config_reach_training_and_numgap(tmp_path):
+    """`prepare.scale_swaps = "all"` draws the reverse scale swaps (billion -> thousand,
+    thousand -> billion) in training and NumGap; the paper's set never does."""
+    rows = [
+        {
+            "doc_name": name,
+            "text": "\n\n".join(
+                f"Part {i} of {name}. Revenue was $1.{i} billion and fees were ${i + 2} thousand "
+                f"in 201{i}. " + TOPIC_TEXT[name] * 2
+                for i in range(6)
+            ),
+        }
+        for name in ("alpha", "beta", "delta")
+    ]
+    source = tmp_path / "c.jsonl"
+    corpus.save_jsonl(source, rows)
+    seen = {}
+    for scales in ("paper", "all"):
+        config = demo.get_config()
+        config.data.dir = str(tmp_path / scales)
+        config.prepare.input = str(source)
+        config.prepare.scale_swaps = scales
+        config.prepare.categories = ("unit",)
+        config.prepare.balance_rules = True
+        config.prepare.heldout_fraction = 0.34
+        config.prepare.numgap = True
+        config.prepare.numgap_quotas_test = {"unit": 6}
+        config.prepare.numgap_quotas_dev = {"unit": 6}
+        config.prepare.max_passages = 0
+        config.prepare.max_val_passages = 0
+        config.prepare.numfine_items = 0
+        stats = prepare_lib.prepare_from_config(config)
+        assert stats["scale_swaps"] == scales
+        out = tmp_path / scales
+        train = [(r["text"], r["perturbed"]) for r in corpus.load_jsonl(out / "train.jsonl")]
+        records = numgap.load_numgap(out / "numgap_test.jsonl") + numgap.load_numgap(
+            out / "numgap_dev.jsonl"
+        )
+        pairs = train + [(r["anchor"], r["perturbed"]) for r in records]
+        seen[scales] = {perturb.edit_rule(a, b, "unit") for a, b in pairs if b}
+    reverse = {"billion->thousand", "thousand->billion"}
+    assert not seen["paper"] & reverse
+    assert seen["all"] >= reverse | {"billion->million", "thousand->million"}
 
 
 def test_prepare_category_weights_tilt_training_categories_only(tmp_path):

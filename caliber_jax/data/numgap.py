@@ -124,7 +124,7 @@ def build_numgap(
     max_chars: int = ANCHOR_MAX_CHARS,
     min_numeric_tokens: int = ANCHOR_MIN_NUMERIC_TOKENS,
     batch_size: int = 256,
-    polarity_scope: str = "paper",
+    rules: perturb.Rules = perturb.PAPER_RULES,
 ) -> dict[str, list[dict[str, str]]]:
     """Builds the NumGap dev and test splits from `passages`.
 
@@ -142,7 +142,7 @@ def build_numgap(
       max_jaccard: drop neighbours whose numeric-token Jaccard with the anchor exceeds this.
       min_chars, max_chars, min_numeric_tokens: anchor eligibility (Appendix D.1).
       batch_size: anchors per BM25 retrieval batch (speed only; results do not depend on it).
-      polarity_scope: where direction words count (`perturb.POLARITY_SCOPES`).
+      rules: where direction words count, which scale words swap (`perturb.Rules`).
 
     Returns:
       {"dev": [record, ...], "test": [record, ...]} with RECORD_FIELDS keys.
@@ -188,7 +188,7 @@ def build_numgap(
                 texts[anchor],
                 seed=perturb.derive_seed(seed, "numgap", ids[anchor]),
                 categories=wanted,
-                polarity_scope=polarity_scope,
+                rules=rules,
             )
             for anchor in batch
         ]
@@ -228,6 +228,84 @@ def build_numgap(
                 }
             )
     return splits
+
+
+def build_per_rule(
+    passages: Sequence[Mapping[str, Any]],
+    *,
+    category: str,
+    per_rule: int,
+    rules: perturb.Rules = perturb.PAPER_RULES,
+    seed: int = 0,
+    bm25_k: int = 10,
+    max_jaccard: float = 0.5,
+    exclude: Sequence[str] = (),
+) -> list[dict[str, str]]:
+    """NumGap records of one category with every rule equally represented: up to `per_rule`
+    records per rule (`perturb.edit_rule`, e.g. each scale swap in each direction), for a
+    per-rule, per-direction readout that `build_numgap`'s draw (rules as common as in the text)
+    cannot give to rare rules.
+
+    Eligible anchors (`is_eligible`, Appendix D.1) other than the `exclude` texts are visited in
+    seeded order; an anchor goes to the rule with the fewest records so far among those it admits
+    that are not yet full, with one of that rule's edits drawn by seed, and gets its distractor as
+    in `build_numgap`. Each anchor is used once.
+
+    Returns:
+      Records with RECORD_FIELDS keys, in the order they were drawn.
+    """
+    _check_quotas({category: per_rule}, "per_rule")
+    ids = [str(passage["id"]) for passage in passages]
+    texts = [passage["text"] for passage in passages]
+    excluded = set(exclude)
+    eligible = [
+        index
+        for index, text in enumerate(texts)
+        if text not in excluded
+        and is_eligible(
+            text,
+            min_chars=ANCHOR_MIN_CHARS,
+            max_chars=ANCHOR_MAX_CHARS,
+            min_numeric_tokens=ANCHOR_MIN_NUMERIC_TOKENS,
+        )
+    ]
+    random.Random(seed).shuffle(eligible)
+    options = {}
+    for anchor in eligible:
+        by_rule: dict[str, list[str]] = {}
+        for rule, perturbed in perturb.candidate_edits(texts[anchor], category, rules=rules):
+            by_rule.setdefault(rule, []).append(perturbed)
+        if by_rule:
+            options[anchor] = by_rule
+    if not options:
+        return []
+    index = Bm25Neighbours(texts)
+    counts: dict[str, int] = {}
+    records = []
+    for anchor, by_rule in options.items():
+        open_rules = sorted(rule for rule in by_rule if counts.get(rule, 0) < per_rule)
+        if not open_rules:
+            continue
+        candidates = [doc for doc in index.neighbours([anchor], k=bm25_k)[0] if doc != anchor]
+        choice = pick_distractor(
+            texts[anchor], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
+        )
+        if choice is None:
+            continue
+        rule = min(open_rules, key=lambda name: counts.get(name, 0))
+        counts[rule] = counts.get(rule, 0) + 1
+        rng = random.Random(perturb.derive_seed(seed, "per_rule", ids[anchor]))
+        records.append(
+            {
+                "category": category,
+                "anchor": texts[anchor],
+                "perturbed": rng.choice(by_rule[rule]),
+                "distractor": texts[candidates[choice]],
+                "anchor_id": ids[anchor],
+                "distractor_id": ids[candidates[choice]],
+            }
+        )
+    return records
 
 
 def save_numgap(output_dir: str | os.PathLike, splits: Mapping[str, Sequence[Mapping]]) -> dict:

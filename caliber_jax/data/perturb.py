@@ -29,6 +29,12 @@ POLARITY_WINDOW = 50
 # rule are cross-references, and no student learns to separate those as numbers.
 POLARITY_SCOPES = ("paper", "quantity")
 QUANTITY_WORDS = 4
+# Which scale words a unit edit may swap. "paper" is Appendix D.2's table: million -> billion or
+# thousand, billion -> million, thousand -> million ("$5M" -> "$5B", "$2B" -> "$2M", "$9K" ->
+# "$9M"). "all" swaps every scale for every other, both ways: billion <-> thousand and the
+# letters' K <-> B and M -> K as well. Issue #57's check found students that separate one
+# direction of one word (million -> x) and not its reverse; this set trains and tests all six.
+SCALE_SETS = ("paper", "all")
 # A sentence ends at [.;:!?] before a space, the end or a capital (PDF text drops spaces: "bps.As").
 _SENTENCE_BREAK_RE = re.compile(r"[.;:!?](?:\s|$|(?=[A-Z]))|\n")
 
@@ -124,11 +130,20 @@ _UNIT_RE = re.compile(
     re.ASCII,
 )
 _SCALE_SWAPS = {
-    "million": ("billion", "thousand"),
-    "billion": ("million",),
-    "thousand": ("million",),
+    "paper": {
+        "million": ("billion", "thousand"),
+        "billion": ("million",),
+        "thousand": ("million",),
+    },
+    "all": {
+        "million": ("billion", "thousand"),
+        "billion": ("million", "thousand"),
+        "thousand": ("million", "billion"),
+    },
 }
-_LETTER_SWAPS = {"M": "B", "B": "M", "K": "M"}
+_LETTER_SWAPS = {"paper": {"M": ("B",), "B": ("M",), "K": ("M",)},
+                 "all": {"M": ("B", "K"), "B": ("M", "K"), "K": ("M", "B")}}  # fmt: skip
+_LETTERS = ("M", "B", "K")
 _LETTER_UNIT_RE = re.compile(r"\d\s?[MBK]$", re.IGNORECASE | re.ASCII)
 _MONEY_PREFIX_RE = re.compile(r"[$\u20ac\u00a3\u00a5]\s?$")
 _REFERENCE_RE = re.compile(
@@ -145,6 +160,27 @@ _CODE_AFTER_RE = re.compile(
     rf"\d(?:\s?(?i:million|billion|thousand)s?)?\s?(?P<code>{_CODES})(?![A-Za-z])", re.ASCII
 )
 _SYMBOL_RE = re.compile(r"(?<![A-Za-z])(?P<code>[$\u20ac\u00a3\u00a5])(?=\s?\d)", re.ASCII)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The choices inside the rules that differ from the paper's: where direction words count
+    (`polarity_scope`, POLARITY_SCOPES) and which scale words a unit edit swaps (`scales`,
+    SCALE_SETS). `Rules()` is Appendix D."""
+
+    polarity_scope: str = "paper"
+    scales: str = "paper"
+
+    def __post_init__(self):
+        if self.polarity_scope not in POLARITY_SCOPES:
+            raise ValueError(
+                f"unknown polarity scope {self.polarity_scope!r}; expected one of {POLARITY_SCOPES}"
+            )
+        if self.scales not in SCALE_SETS:
+            raise ValueError(f"unknown scale set {self.scales!r}; expected one of {SCALE_SETS}")
+
+
+PAPER_RULES = Rules()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +325,6 @@ def _governs(text: str, start: int, end: int, amounts: Sequence[tuple[int, int]]
 def _polarity_sites(
     text: str, spans: Sequence[tuple[int, int]], scope: str = "paper"
 ) -> list[Site]:
-    if scope not in POLARITY_SCOPES:
-        raise ValueError(f"unknown polarity scope {scope!r}; expected one of {POLARITY_SCOPES}")
     if scope == "paper":
         near, anchors = _near_span, spans
     else:  # the amounts among the spans, found once for every direction word
@@ -346,16 +380,16 @@ def _period_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
     return sites
 
 
-def _unit_replacements(separator: str, unit: str) -> list[str]:
-    if unit in _LETTER_SWAPS:
-        return [] if separator else [_LETTER_SWAPS[unit]]
+def _unit_replacements(separator: str, unit: str, scales: str) -> list[str]:
+    if unit in _LETTERS:
+        return [] if separator else list(_LETTER_SWAPS[scales][unit])
     if unit == "%":
         return [" bps"]
     lower = " ".join(unit.lower().split())
     plural = "s" if lower.endswith("s") and lower != "bps" else ""
     scale = lower.removesuffix("s")
-    if scale in _SCALE_SWAPS:
-        words = [other + plural for other in _SCALE_SWAPS[scale]]
+    if scale in _SCALE_SWAPS[scales]:
+        words = [other + plural for other in _SCALE_SWAPS[scales][scale]]
     elif lower in ("bps", "bp"):
         return ["%"]
     elif lower.startswith("basis"):
@@ -367,17 +401,17 @@ def _unit_replacements(separator: str, unit: str) -> list[str]:
     return [separator + _match_case(unit, word) for word in words]
 
 
-def _unit_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
+def _unit_sites(text: str, spans: Sequence[tuple[int, int]], scales: str = "paper") -> list[Site]:
     del spans  # Any number may carry a unit ("5 percent" is no NUM_RE span).
     sites = []
     for match in _UNIT_RE.finditer(text):
-        if match.group("unit") in _LETTER_SWAPS:
+        if match.group("unit") in _LETTERS:
             number_start = match.start()
             while number_start > 0 and text[number_start - 1] in "0123456789.,":
                 number_start -= 1
             if not _has_money_prefix(text, number_start):
                 continue  # "3M Company", "10K run": see _is_bare_letter_unit.
-        replacements = _unit_replacements(match.group("sep"), match.group("unit"))
+        replacements = _unit_replacements(match.group("sep"), match.group("unit"), scales)
         if replacements:
             sites.append([Edit(match.start(), match.end(), new) for new in replacements])
     return sites
@@ -413,20 +447,20 @@ def _check_categories(categories: Iterable[str]) -> None:
             raise ValueError(f"unknown perturbation category {category!r}; expected {CATEGORIES}")
 
 
-def _sites(
-    text: str, spans: Sequence[tuple[int, int]], category: str, polarity_scope: str
-) -> list[Site]:
+def _sites(text: str, spans: Sequence[tuple[int, int]], category: str, rules: Rules) -> list[Site]:
     if category == "polarity":
-        return _polarity_sites(text, spans, polarity_scope)
+        return _polarity_sites(text, spans, rules.polarity_scope)
+    if category == "unit":
+        return _unit_sites(text, spans, rules.scales)
     return _SITE_FNS[category](text, spans)
 
 
-def candidate_sites(text: str, category: str, *, polarity_scope: str = "paper") -> list[Site]:
-    """Every site where `category` could edit `text`, before the edit-distance filter;
-    `polarity_scope` is one of POLARITY_SCOPES."""
+def candidate_sites(text: str, category: str, *, rules: Rules = PAPER_RULES) -> list[Site]:
+    """Every site where `category` could edit `text` under `rules`, before the edit-distance
+    filter."""
     _check_categories([category])
     spans = numeric_spans(text)
-    return _sites(text, spans, category, polarity_scope) if spans else []
+    return _sites(text, spans, category, rules) if spans else []
 
 
 def _choose(text: str, sites: list[Site], seed: int) -> str | None:
@@ -444,21 +478,19 @@ def _choose(text: str, sites: list[Site], seed: int) -> str | None:
     return None
 
 
-def perturb(
-    text: str, category: str, seed: int = 0, *, polarity_scope: str = "paper"
-) -> str | None:
+def perturb(text: str, category: str, seed: int = 0, *, rules: Rules = PAPER_RULES) -> str | None:
     """Applies one seeded `category` perturbation to `text`.
 
     Args:
       text: passage with at least one numeric token (NUM_RE); other texts give None.
       category: one of CATEGORIES.
       seed: picks the site and the edit; the same inputs always give the same output.
-      polarity_scope: where direction words count (POLARITY_SCOPES; "paper" is Appendix D.3).
+      rules: where direction words count and which scales swap (`Rules()`: Appendix D).
 
     Returns:
       The perturbed text, or None when the rule cannot fire.
     """
-    return _choose(text, candidate_sites(text, category, polarity_scope=polarity_scope), seed)
+    return _choose(text, candidate_sites(text, category, rules=rules), seed)
 
 
 def perturb_all(
@@ -466,7 +498,7 @@ def perturb_all(
     seed: int = 0,
     categories: Sequence[str] = CATEGORIES,
     *,
-    polarity_scope: str = "paper",
+    rules: Rules = PAPER_RULES,
 ) -> dict[str, str]:
     """Maps each category in `categories` that fires on `text` to its perturbed text."""
     _check_categories(categories)
@@ -475,7 +507,7 @@ def perturb_all(
         return {}
     fired = {}
     for category in categories:
-        sites = _sites(text, spans, category, polarity_scope)
+        sites = _sites(text, spans, category, rules)
         perturbed = _choose(text, sites, derive_seed(seed, category))
         if perturbed is not None:
             fired[category] = perturbed
@@ -487,10 +519,10 @@ def perturb_any(
     seed: int = 0,
     categories: Sequence[str] = CATEGORIES,
     *,
-    polarity_scope: str = "paper",
+    rules: Rules = PAPER_RULES,
 ) -> tuple[str, str] | None:
     """Picks one firing category by seed and returns `(category, perturbed)`, or None."""
-    fired = perturb_all(text, seed=seed, categories=categories, polarity_scope=polarity_scope)
+    fired = perturb_all(text, seed=seed, categories=categories, rules=rules)
     if not fired:
         return None
     category = random.Random(seed).choice(sorted(fired))
@@ -535,7 +567,7 @@ def _changed_number(text: str, other: str) -> Decimal:
 
 
 def _unit_name(token: str) -> str:
-    if token in _LETTER_SWAPS:
+    if token in _LETTERS:
         return token
     lower = " ".join(token.lower().split())
     if lower in ("bp", "bps"):
@@ -574,12 +606,12 @@ def edit_rule(text: str, perturbed: str, category: str) -> str:
 
 
 def candidate_edits(
-    text: str, category: str, *, polarity_scope: str = "paper"
+    text: str, category: str, *, rules: Rules = PAPER_RULES
 ) -> list[tuple[str, str]]:
     """Every `(rule, perturbed text)` that `category` can make of `text` within the edit-distance
     bounds, in site order (the choices `perturb` draws one of)."""
     found = []
-    for site in candidate_sites(text, category, polarity_scope=polarity_scope):
+    for site in candidate_sites(text, category, rules=rules):
         for edit in site:
             perturbed = edit.apply(text)
             distance = edit_distance(text, perturbed) if perturbed != text else 0
@@ -589,14 +621,14 @@ def candidate_edits(
 
 
 def rule_weights(
-    texts: Iterable[str], categories: Sequence[str], *, polarity_scope: str = "paper"
+    texts: Iterable[str], categories: Sequence[str], *, rules: Rules = PAPER_RULES
 ) -> dict[str, dict[str, float]]:
     """Per category, 1 / (number of `texts` admitting the rule) for every rule seen: the weights
     under which `perturb_balanced` draws the rules of a corpus about equally often."""
     counts: dict[str, dict[str, int]] = {category: {} for category in categories}
     for text in texts:
         for category in categories:
-            edits = candidate_edits(text, category, polarity_scope=polarity_scope)
+            edits = candidate_edits(text, category, rules=rules)
             for rule in {rule for rule, _ in edits}:
                 counts[category][rule] = counts[category].get(rule, 0) + 1
     return {c: {rule: 1.0 / n for rule, n in rules.items()} for c, rules in counts.items()}
@@ -608,7 +640,7 @@ def perturb_balanced(
     categories: Sequence[str],
     weights: dict[str, dict[str, float]],
     *,
-    polarity_scope: str = "paper",
+    rules: Rules = PAPER_RULES,
     category_weights: Mapping[str, float] | None = None,
 ) -> tuple[str, str] | None:
     """One seeded perturbation with rules drawn by `weights` (`rule_weights`): a category
@@ -622,11 +654,7 @@ def perturb_balanced(
     """
     _check_categories(categories)
     rng = random.Random(seed)
-    options = {
-        c: edits
-        for c in categories
-        if (edits := candidate_edits(text, c, polarity_scope=polarity_scope))
-    }
+    options = {c: edits for c in categories if (edits := candidate_edits(text, c, rules=rules))}
     if not options:
         return None
     names = sorted(options)

@@ -189,3 +189,47 @@ def test_save_and_load_numgap(tmp_path, built):
     bad.write_text('{"category": "unit", "anchor": "a"}\n')
     with pytest.raises(ValueError, match="record 1: field 'perturbed' missing"):
         numgap.load_numgap(bad)
+
+
+def scale_corpus(per_topic: int = 30) -> list[dict[str, str]]:
+    """The synthetic corpus with its "million" turned to each scale word in turn, so every
+    scale swap of perturb's "all" set has anchors (and %/bps, from the template)."""
+    scales = ("million", "billion", "thousand")
+    return [
+        {**p, "text": p["text"].replace("million", scales[i % 3])}
+        for i, p in enumerate(make_corpus(per_topic))
+    ]
+
+
+def test_build_per_rule_gives_every_rule_its_quota_and_honours_exclude():
+    passages = scale_corpus()
+    rules = perturb.Rules(scales="all")
+    excluded = [passages[0]["text"], passages[5]["text"]]
+    records = numgap.build_per_rule(
+        passages, category="unit", per_rule=6, rules=rules, seed=3, exclude=excluded
+    )
+    counts: dict[str, int] = {}
+    for record in records:
+        rule = perturb.edit_rule(record["anchor"], record["perturbed"], "unit")
+        counts[rule] = counts.get(rule, 0) + 1
+        assert record["category"] == "unit" and set(record) == set(numgap.RECORD_FIELDS)
+        assert record["perturbed"] in [p for _, p in perturb.candidate_edits(
+            record["anchor"], "unit", rules=rules)]  # fmt: skip
+        assert record["distractor"] != record["anchor"]
+        assert numgap.numeric_jaccard(record["anchor"], record["distractor"]) <= 0.5
+    assert counts == {
+        rule: 6
+        for rule in ("%->bps", "bps->%", "million->billion", "million->thousand",
+                     "billion->million", "billion->thousand", "thousand->million",
+                     "thousand->billion")
+    }  # fmt: skip
+    anchors = [record["anchor"] for record in records]
+    assert len(set(anchors)) == len(anchors) and not set(anchors) & set(excluded)
+    again = numgap.build_per_rule(
+        passages, category="unit", per_rule=6, rules=rules, seed=3, exclude=excluded
+    )
+    assert again == records
+    # The paper's set has no reverse swaps to fill.
+    paper = numgap.build_per_rule(passages, category="unit", per_rule=6, seed=3)
+    paper_rules = {perturb.edit_rule(r["anchor"], r["perturbed"], "unit") for r in paper}
+    assert "billion->thousand" not in paper_rules and "thousand->billion" not in paper_rules

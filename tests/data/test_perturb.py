@@ -163,7 +163,10 @@ def test_polarity_leaves_ranges_and_hyphenated_words_alone():
 
 
 def quantity_outputs(text: str) -> set[str | None]:
-    return {perturb.perturb(text, "polarity", seed, polarity_scope="quantity") for seed in SEEDS}
+    return {
+        perturb.perturb(text, "polarity", seed, rules=perturb.Rules(polarity_scope="quantity"))
+        for seed in SEEDS
+    }
 
 
 def test_quantity_scope_swaps_words_that_govern_an_amount():
@@ -194,9 +197,11 @@ def test_quantity_scope_keeps_sign_flips():
     assert quantity_outputs("a change of -3.2% in margin") == {"a change of +3.2% in margin"}
 
 
-def test_unknown_polarity_scope_raises():
-    with pytest.raises(ValueError, match="polarity scope"):
-        perturb.perturb("Revenue increased 5%", "polarity", polarity_scope="near")
+def test_unknown_rule_choices_raise():
+    with pytest.raises(ValueError, match="polarity scope 'near'"):
+        perturb.Rules(polarity_scope="near")
+    with pytest.raises(ValueError, match="scale set 'every'"):
+        perturb.Rules(scales="every")
 
 
 # --- period --------------------------------------------------------------------------------------
@@ -263,6 +268,46 @@ def test_letter_units_need_a_currency_symbol():
         "a $5M fee and a $200K bonus",
         "a $5M fee and a $2K bonus",
     }
+
+
+ALL_SCALES = perturb.Rules(scales="all")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("paid $915 million in cash", {"paid $915 billion in cash", "paid $915 thousand in cash"}),
+        ("paid 2.2 Billion in cash", {"paid 2.2 Million in cash", "paid 2.2 Thousand in cash"}),
+        (
+            "3 thousands of units in 2019",
+            {"3 millions of units in 2019", "3 billions of units in 2019"},
+        ),
+        ("a $5M fee", {"a $5B fee", "a $5K fee"}),
+        ("a $2B loan", {"a $2M loan", "a $2K loan"}),
+        ("a $9K bonus", {"a $9M bonus", "a $9B bonus"}),
+        ("3M Company, 10K run", {None}),  # letters still need a currency symbol
+        ("rates up 25 bps", {"rates up 25%"}),  # the other unit rules do not change
+    ],
+)
+def test_all_scales_swap_every_scale_both_ways(text, expected):
+    assert {perturb.perturb(text, "unit", seed, rules=ALL_SCALES) for seed in SEEDS} == expected
+
+
+def test_all_scales_name_each_direction_and_keep_the_other_categories():
+    text = "Sales were $5 billion, $40 thousand of fees and $3M of costs, up 5% in 2019."
+    rules = {rule for rule, _ in perturb.candidate_edits(text, "unit", rules=ALL_SCALES)}
+    assert rules == {
+        "billion->million", "billion->thousand", "thousand->million", "thousand->billion",
+        "M->B", "M->K", "%->bps",
+    }  # fmt: skip
+    paper = {rule for rule, _ in perturb.candidate_edits(text, "unit")}
+    assert paper == {"billion->million", "thousand->million", "M->B", "%->bps"}
+    for category in ("magnitude", "polarity", "period", "currency"):
+        assert perturb.candidate_sites(text, category, rules=ALL_SCALES) == (
+            perturb.candidate_sites(text, category)
+        )
+    weights = perturb.rule_weights([text], ["unit"], rules=ALL_SCALES)
+    assert set(weights["unit"]) == rules
 
 
 def test_unit_needs_a_number_before_the_unit_word():
@@ -526,12 +571,14 @@ def test_balanced_sampling_evens_out_rules():
 @given(financial_text)
 def test_quantity_scope_is_a_subset_of_the_paper_rule(text):
     paper = perturb.candidate_sites(text, "polarity")
-    quantity = perturb.candidate_sites(text, "polarity", polarity_scope="quantity")
+    quantity = perturb.candidate_sites(
+        text, "polarity", rules=perturb.Rules(polarity_scope="quantity")
+    )
     assert all(site in paper for site in quantity)
     for category in ("magnitude", "unit"):  # the scope touches polarity alone
-        assert perturb.candidate_sites(text, category, polarity_scope="quantity") == (
-            perturb.candidate_sites(text, category)
-        )
+        assert perturb.candidate_sites(
+            text, category, rules=perturb.Rules(polarity_scope="quantity")
+        ) == (perturb.candidate_sites(text, category))
 
 
 def test_category_weights_tilt_the_category_draw_and_equal_weights_change_nothing():
