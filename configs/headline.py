@@ -53,6 +53,9 @@ temperature 0.05); `prepare.mined_dev` writes the held-out questions the weight 
 with the late numeric recipe in place of LEAF's alignment (neighbour hinge, structure term).
 `--preset headline-mined[num]` runs them from the twins, `--preset headline-beyond` both from
 both twins side by side; `--preset headline-verify` runs both from its twin.
+Variant `scales`: every scale swap in both directions (`prepare.scale_swaps = "all"`; the
+paper's set swaps million -> billion or thousand, billion -> million, thousand -> million), data
+in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,scales` as a candidate.
 Variant `distill`: the same student, start, passages and order trained by distillation alone
 (LEAF: ||s(x) - t(x)|| + ||s(pi x) - t(pi x)||, no hinge, no structure term), the other half of
 the weight-space blend (`scripts/study.py --preset headline-soup`).
@@ -71,7 +74,8 @@ MINED_CONTRASTIVE_WEIGHT = 1.0
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
-    known = {"verify", "query", "distill", "quantity", "late", "late800", "mined", "minednum"}
+    known = {"verify", "query", "distill", "quantity", "late", "late800", "mined", "minednum",
+             "scales"}  # fmt: skip
     unknown = variants - known
     if unknown:
         raise ValueError(
@@ -172,4 +176,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.total_steps = 100  # 2 epochs of the 1,600 passages with a question
         config.eval_every = 100
         config.checkpoint_every = 25
+    if "scales" in variants:
+        # Every scale swap both ways (perturb.SCALE_SETS "all": billion <-> thousand too), in
+        # training, validation and NumGap: issue #57's check found students that separate
+        # "million" replaced and not "billion" replaced. Its own data folder.
+        config.prepare.scale_swaps = "all"
+        config.data.dir += "_scales"
     return config

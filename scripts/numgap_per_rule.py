@@ -36,6 +36,21 @@ def heldout_passages(data: Path) -> list[dict]:
     return [p for p in corpus.load_jsonl(data / "passages.jsonl") if p["doc_name"] in heldout]
 
 
+def build(data: Path, *, category: str, per_rule: int, rules, seed: int,
+          exclude: list[str]) -> list[dict]:  # fmt: skip
+    """`numgap.build_per_rule` over `data`'s held-out passages, minus the anchors of the NumGap
+    files `exclude`."""
+    excluded = [r["anchor"] for path in exclude for r in numgap.load_numgap(path)]
+    return numgap.build_per_rule(heldout_passages(data), category=category, per_rule=per_rule,
+                                 rules=rules, seed=seed, exclude=excluded)  # fmt: skip
+
+
+def rule_counts(records: list[dict]) -> str:
+    """ "rule n, rule n, ..." of `records`, sorted by rule."""
+    counts = Counter(perturb.edit_rule(r["anchor"], r["perturbed"], r["category"]) for r in records)
+    return ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="a prepared folder (passages, stats)")
@@ -48,19 +63,16 @@ def main() -> None:
                         "are left out (the recorded test set)")  # fmt: skip
     parser.add_argument("--output", required=True, help="the NumGap JSONL to write")
     args = parser.parse_args()
-    excluded = [r["anchor"] for path in args.exclude for r in numgap.load_numgap(path)]
-    records = numgap.build_per_rule(
-        heldout_passages(Path(args.data)),
+    records = build(
+        Path(args.data),
         category=args.category,
         per_rule=args.per_rule,
         rules=perturb.Rules(polarity_scope=args.polarity_scope, scales=args.scales),
         seed=args.seed,
-        exclude=excluded,
+        exclude=args.exclude,
     )
     corpus.save_jsonl(args.output, records)
-    counts = Counter(perturb.edit_rule(r["anchor"], r["perturbed"], r["category"]) for r in records)
-    print(f"{args.output}: {len(records)} records; " +
-          ", ".join(f"{rule} {n}" for rule, n in sorted(counts.items())))  # fmt: skip
+    print(f"{args.output}: {len(records)} records; {rule_counts(records)}")
 
 
 if __name__ == "__main__":

@@ -41,10 +41,12 @@ sys.path.insert(0, str(REPO))
 
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 import model_card  # noqa: E402
+import numgap_per_rule  # noqa: E402
 import numgap_rules  # noqa: E402
 from stages import Stage, record_file, run_stages, with_seed_means  # noqa: E402
 
 from caliber_jax import evaluate, provenance  # noqa: E402
+from caliber_jax.data import corpus, perturb  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 from configs import demo  # noqa: E402
 
@@ -317,10 +319,11 @@ class StudyGraph:
         return self.export(label, workdir, after, hf, *flags)
 
     def score(self, label: str, model: Path, path: Path, common: list[str],
-              after: Sequence[str] = ()) -> Path:  # fmt: skip
-        """`caliber_jax.evaluate` of `model` with `common` into `path`; returns `path`."""
+              after: Sequence[str] = (), *, stage: str | None = None) -> Path:  # fmt: skip
+        """`caliber_jax.evaluate` of `model` with `common` into `path` (stage `stage`, default
+        "evaluate <label>"); returns `path`."""
         self.results.append(path)
-        self.add(f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model}",
+        self.add(stage or f"evaluate {label}", ["-m", "caliber_jax.evaluate", f"--model={model}",
                                        f"--label={label}", *common, f"--output={path}"],
                  after, done=path.is_file())  # fmt: skip
         return path
@@ -667,17 +670,27 @@ def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
 
 def phase_data(variant: str) -> str:
     """The data folder of a phase run from the twin: the mined variants train on the passages
-    that get a question ("data_mined"), late and late800 on the late data ("data_late")."""
-    return "data_mined" if variant.startswith("mined") else "data_late"
+    that get a question ("data_mined"), late and late800 on the late data ("data_late"); with
+    `scales` (every scale swap both ways) in its own folder ("data_mined_scales")."""
+    folder = "data_mined" if variant.startswith("mined") else "data_late"
+    return f"{folder}_scales" if "scales" in variant.split(",") else folder
 
 
 # `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
 # the seed-0 twin for the phase's steps, scored on the dev sets alone: the mined dev set
 # (`prepare.mined_dev`: generated questions of held-out filings, FinanceBench's format) and NumGap
 # dev. (variant, contrastive weight) -> label.
+# "minednum,scales" (added 2026-11-30, before any full-size candidate was scored): the numeric
+# candidate on data with every scale swap both ways (`configs/headline.py:scales`), chosen among
+# the minednum candidates by the same rule.
 MINED_PILOTS = {("mined", 0.1): "Pilot mined c0.1", ("mined", 1.0): "Pilot mined c1",
                 ("minednum", 0.1): "Pilot minednum c0.1",
-                ("minednum", 1.0): "Pilot minednum c1"}  # fmt: skip
+                ("minednum", 1.0): "Pilot minednum c1",
+                ("minednum,scales", 1.0): "Pilot minednum c1 scales"}  # fmt: skip
+# The per-rule dev set every pilot is also scored on (`scripts/numgap_per_rule.py`): up to this
+# many unit records per rule, every scale swap in both directions, from the held-out filings
+# minus the NumGap test anchors.
+SCALES_DEV_PER_RULE = 40
 # The floor for the numeric candidates: the late numeric recipe's own NumGap dev D from the same
 # twin (what the mined term must not take away). It replaced issue #57's absolute 0.30 on
 # 2026-11-29, after three of the four verification-size candidates were scored: at that size
@@ -708,17 +721,36 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     record = record_dir(args, name)
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
-    prepared(args, run, mined, f":mined{size}", times, tag=" mined", reuse_from=data)
+    # Each candidate's data folder once, prepared with the config of its first candidate.
+    folders: dict[str, str] = {}
+    for variant, _ in MINED_PILOTS:
+        folders.setdefault(phase_data(variant), variant)
+    for folder_name, variant in folders.items():
+        prepared(args, run, out / folder_name, f":{variant}{size}", times,
+                 tag=f" {folder_name.removeprefix('data_')}", reuse_from=data)  # fmt: skip
+    scales_dev = out / "numgap_scales_dev.jsonl"
+    if not scales_dev.is_file():
+        records = numgap_per_rule.build(
+            data, category="unit", per_rule=SCALES_DEV_PER_RULE, seed=0,
+            rules=perturb.Rules(scales="all"),
+            exclude=[str(data / "numgap_test.jsonl")])  # fmt: skip
+        corpus.save_jsonl(scales_dev, records)
     folder = out / "mined_pilots"
     dev_common = [f"--financebench={mined / 'mined_dev.jsonl'}",
                   f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
                   "--tasks=financebench,numgap"]  # fmt: skip
+    scales_common = [f"--numgap={scales_dev}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
     graph = StudyGraph(out)
     paths: dict[str, Path] = {}
+    scales_paths: dict[str, Path] = {}
 
     def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
-        path = folder / "results" / evaluate.slug(label) / "financebench+numgap.json"
-        paths[label] = graph.score(label, model, path, [*extra, *dev_common], after)
+        results = folder / "results" / evaluate.slug(label)
+        paths[label] = graph.score(label, model, results / "financebench+numgap.json",
+                                   [*extra, *dev_common], after)  # fmt: skip
+        scales_paths[label] = graph.score(label, model, results / "numgap_scales.json",
+                                          [*extra, *scales_common], after,
+                                          stage=f"evaluate {label} on scales dev")  # fmt: skip
 
     twin = distill_label(0, verify=verify)
     twin_stage, twin_dir = graph.train(twin, stage_args(args, data, f":distill{size}"), 0,
@@ -726,7 +758,8 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     start_stage, start = graph.export(twin, twin_dir, twin_stage)
     candidates = {}
     for (variant, weight), label in MINED_PILOTS.items():
-        argv = [*stage_args(args, mined, f":{variant}{size}"), f"--config.model.init_dir={start}",
+        argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
+                f"--config.model.init_dir={start}",
                 f"--config.loss.contrastive_weight={weight}"]  # fmt: skip
         candidates[label] = graph.train(label, argv, 0, [start_stage],
                                         workdir=folder / evaluate.slug(label))  # fmt: skip
@@ -746,20 +779,29 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     floor = dev[late]["numgap"]["overall"]["D"] if has_late else None
     for variant, target in (("mined", 0.0), ("minednum", MINED_TARGET_D if floor is None
                                                          else floor)):  # fmt: skip
-        labels = [label for (v, _), label in MINED_PILOTS.items() if v == variant]
+        labels = [label for (v, _), label in MINED_PILOTS.items() if v.split(",")[0] == variant]
         chosen = choose_mined(dev, labels, target=target)
         rule = f"NumGap dev D >= {target:.4f}, then " if target else ""
         lines.append(f"- {variant}: {chosen or 'none'} ({rule}the highest mined-dev nDCG@10)")
     records = numgap.load_numgap(data / "numgap_dev.jsonl")
     rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
+    scales_records = numgap.load_numgap(scales_dev)
+    scales = {label: json.loads(path.read_text()) for label, path in scales_paths.items()}
+    scales_rules = numgap_rules.markdown(
+        numgap_rules.per_rule(scales_records, scales), list(scales)
+    )
     report = (f"# Mined-phase pilots: the dev sets only (mined dev = generated questions of "
               f"held-out filings, in the FinanceBench columns; NumGap dev, {len(records)} "
               f"records), {EVAL_MAX_LENGTH} tokens\n\n{evaluate.format_markdown(dev)}\n\n"
               f"## The choice\n\n" + "\n".join(lines) +
-              f"\n\n## NumGap-D per rule (dev)\n\n{rules}\n")  # fmt: skip
+              f"\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
+              f"\n## NumGap-D per unit rule and direction (scales dev: every scale swap both "
+              f"ways, up to {SCALES_DEV_PER_RULE} records a rule, {len(scales_records)} in all; "
+              f"read, not used to choose)\n\n{scales_rules}\n")  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "mined_pilots.md").write_text(report)
     record_file(folder / "mined_pilots.md", out, record)
+    record_file(scales_dev, out, record)
     add_times(out / "study.json", times)
     print(report)
 

@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import model_card  # noqa: E402
 
+from caliber_jax.data import perturb  # noqa: E402
 from configs import headline, study_mpnet  # noqa: E402
 
 
@@ -840,9 +841,13 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     monkeypatch.setattr(study_headline.numgap, "load_numgap", lambda path: [])
     monkeypatch.setattr(study_headline.numgap_rules, "per_rule", lambda records, results: {})
     monkeypatch.setattr(study_headline.numgap_rules, "markdown", lambda table, labels: "")
+    built = []
+    monkeypatch.setattr(study_headline.numgap_per_rule, "build",
+                        lambda data, **options: built.append((data, options)) or [])  # fmt: skip
     dev = {  # label -> (mined-dev nDCG@10, NumGap dev D)
         "Pilot mined c0.1": (0.60, 0.01), "Pilot mined c1": (0.65, 0.00),
         "Pilot minednum c0.1": (0.58, 0.35), "Pilot minednum c1": (0.62, 0.20),
+        "Pilot minednum c1 scales": (0.61, 0.40),
     }  # fmt: skip
 
     def scores(flag):
@@ -859,8 +864,16 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     trains = [stage for stage in fake_run.stages if stage.startswith("train ")]
     assert trains == ["train Distill lp verify s0", *(f"train {label}" for label in dev)]
     (graph,) = fake_graph.graphs
-    assert fake_run.stages[: -len(graph)] == ["teacher vectors", "prepare mined",
-                                              "teacher vectors mined"]  # fmt: skip
+    assert fake_run.stages[: -len(graph)] == [
+        "teacher vectors", "prepare mined", "teacher vectors mined", "prepare mined_scales",
+        "teacher vectors mined_scales",
+    ]  # fmt: skip
+    # The per-rule scales dev set: built once from the twin data's held-out filings, every scale
+    # swap both ways, the NumGap test anchors left out.
+    ((data, options),) = built
+    assert data == out / "data" and options["rules"] == perturb.Rules(scales="all")
+    assert options["exclude"] == [str(out / "data" / "numgap_test.jsonl")]
+    assert (out / "numgap_scales_dev.jsonl").is_file()
     by_name = {stage.name: stage for stage in graph}
     assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
     for label in dev:
@@ -874,25 +887,39 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
         assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
         assert f"--config.model.init_dir={start}" in train
         assert f"--config.loss.contrastive_weight={weight}" in train
-        assert f"--config.data.dir={out / 'data_mined'}" in train
+        folder = "data_mined_scales" if "scales" in variant else "data_mined"
+        assert f"--config.data.dir={out / folder}" in train
+    assert any(a.endswith("headline.py:minednum,scales,verify")
+               for a in argv["train Pilot minednum c1 scales"])  # fmt: skip
     for stage, call in fake_run.calls:
-        if stage.startswith("evaluate"):
+        if stage.startswith("evaluate") and stage.endswith(" on scales dev"):
+            flag = _flags(call)
+            assert flag["--numgap"] == str(out / "numgap_scales_dev.jsonl"), stage
+            assert flag["--tasks"] == "numgap" and "--financebench" not in flag, stage
+        elif stage.startswith("evaluate"):
             flag = _flags(call)
             assert flag["--financebench"] == str(out / "data_mined" / "mined_dev.jsonl"), stage
             assert flag["--numgap"] == str(out / "data" / "numgap_dev.jsonl"), stage
+    scored = {stage for stage, _ in fake_run.calls if stage.startswith("evaluate")}
+    for label in [*dev, "Teacher", "Distill lp verify s0"]:
+        assert {f"evaluate {label}", f"evaluate {label} on scales dev"} <= scored, label
     assert "--backend=torch" in argv["evaluate Teacher"]
     report = (out / "mined_pilots" / "mined_pilots.md").read_text()
     assert "- mined: Pilot mined c1 (the highest mined-dev nDCG@10)" in report
-    assert "- minednum: Pilot minednum c0.1 (NumGap dev D >= 0.3000, then" in report
+    assert "- minednum: Pilot minednum c1 scales (NumGap dev D >= 0.3000, then" in report
+    assert "## NumGap-D per unit rule and direction (scales dev" in report
     fake_run.calls.clear()
     study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
-    assert fake_run.stages == ["teacher vectors", "teacher vectors mined"]
+    assert fake_run.stages == ["teacher vectors", "teacher vectors mined",
+                               "teacher vectors mined_scales"]  # fmt: skip
+    assert len(built) == 1  # the scales dev set is not built again
     assert len(fake_graph.graphs) == 1
     # With the late recipe's run there, its dev D is the numeric candidates' floor.
     dev["Late lp verify s0"] = (0.55, 0.15)
     _write(out / "Late_lp_verify_s0" / "hf", {"modules.json": "[]"})
     study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
-    assert [stage.name for stage in fake_graph.graphs[-1]] == ["evaluate Late lp verify s0"]
+    assert [stage.name for stage in fake_graph.graphs[-1]] == [
+        "evaluate Late lp verify s0", "evaluate Late lp verify s0 on scales dev"]  # fmt: skip
     report = (out / "mined_pilots" / "mined_pilots.md").read_text()
     assert "- minednum: Pilot minednum c1 (NumGap dev D >= 0.1500, then" in report
 
@@ -909,6 +936,16 @@ def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
     assert study_headline.choose_mined(dev, ["a", "b"], target=0.5) is None
     assert study_headline.phase_data("minednum") == "data_mined"
     assert study_headline.phase_data("late800") == "data_late"
+    assert study_headline.phase_data("minednum,scales") == "data_mined_scales"
+    scales = headline.get_config("minednum,scales")
+    assert (
+        scales.prepare.scale_swaps == "all"
+        and headline.get_config("minednum").prepare.scale_swaps == "paper"
+    )
+    assert scales.data.dir == "runs/headline_mined/data_scales"
+    assert headline.get_config("minednum,scales,verify").data.dir == (
+        "runs/headline_verify/data_mined_scales"
+    )
 
 
 def test_model_card_states_the_mined_objective_and_data():
