@@ -215,8 +215,9 @@ def student_tokenizer_dir(config: ml_collections.ConfigDict) -> str:
 def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
     """Tokenizes each prepared split with the student's tokenizer and keeps the lengths where
     `train` reads them (`lengths_cache`), so that its first launch tokenizes nothing (`prepare`
-    calls this). Returns the splits kept; none when the tokenizer directory is not there yet
-    (`train` then tokenizes at its first launch, as before)."""
+    calls this). Returns the splits whose lengths are now kept; none when the tokenizer directory
+    is not there yet, and not a split whose file could not be written (a warning says why):
+    `train` then tokenizes them at its first launch, as before."""
     tokenizer_dir = student_tokenizer_dir(config)
     if not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
         return []
@@ -225,11 +226,11 @@ def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
     for split in ("train", "val"):
         passages = data_paths(config.data.dir, split)[0]
         if passages.exists():
-            corpus_lengths(
-                pipeline.PassageTexts(passages), tokenize_fn, max_length=config.data.max_length,
-                cache=lengths_cache(config, split, tokenizer_dir),
-            )  # fmt: skip
-            kept.append(split)
+            cache = lengths_cache(config, split, tokenizer_dir)
+            corpus_lengths(pipeline.PassageTexts(passages), tokenize_fn,
+                           max_length=config.data.max_length, cache=cache)  # fmt: skip
+            if cache.is_file():
+                kept.append(split)
     return kept
 
 

@@ -165,6 +165,25 @@ def test_cli_reads_the_config_and_holds_out_whole_documents(tmp_path):
             np.testing.assert_array_equal(got, want)
 
 
+def test_keep_token_lengths_lists_only_the_splits_it_could_write(tmp_path, caplog):
+    """A data dir where the lengths' folder cannot be made (a file holds its name): nothing is
+    listed as kept, a warning names the path, and the lengths are still the tokenizer's."""
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "delta"])
+    config = demo.get_config()
+    config.data.dir = str(tmp_path / "out")
+    config.prepare.input = str(source)
+    config.prepare.heldout_fraction = 0.34
+    config.prepare.numgap = False
+    config.prepare.numfine_items = 0
+    prepare_lib.prepare_from_config(config)
+    (tmp_path / "out" / "token_lengths").write_text("not a folder")
+    with caplog.at_level("WARNING"):
+        assert train_lib.keep_token_lengths(config) == []
+    assert "token lengths not kept at" in caplog.text and "token_lengths" in caplog.text
+    (tmp_path / "out" / "token_lengths").unlink()
+    assert train_lib.keep_token_lengths(config) == ["train", "val"]
+
+
 def test_heldout_documents_is_seeded_and_order_free():
     names = [f"doc{i}" for i in range(20)]
     chosen = prepare_lib.heldout_documents(names, fraction=0.2, seed=3)
