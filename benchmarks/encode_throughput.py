@@ -8,7 +8,7 @@
         --float32-baseline          # bfloat16 against float32 in each framework, in one run
 
 JAX runs `Embedder.encode_ids`, the path `embed_teacher` takes: passages sorted by length, cut into
-batches, padded to a few bucket lengths (`embedder.bucket_length`), one jit-compiled forward per
+batches, padded to a few bucket lengths (`padding.bucket_length`), one jit-compiled forward per
 batch, vectors copied back to the host. PyTorch runs what a sentence-transformers user gets:
 transformers' model with SDPA attention in inference mode (bf16 weights on GPU, float32 weights
 under bfloat16 autocast on the CPU, as the library's torch teacher with dtype "auto"), the same
@@ -196,7 +196,7 @@ class TorchEncoder:
         self.autocast = bf16 and not self.on_gpu
         self.model = model.eval()
         self.pad_id = pad_id
-        self.plan_fn = plan_fn  # lengths -> JAX's batches (`embedder.batch_plan`)
+        self.plan_fn = plan_fn  # lengths -> JAX's batches (`padding.batch_plan`)
 
     def encode(self, seqs: list[list[int]]) -> np.ndarray:
         torch = self.torch
@@ -280,7 +280,7 @@ def main(argv=None) -> None:
     flops = common.model_flops(student, lengths, backward=False)
 
     def plan_fn(lengths):  # the batches encode_ids makes (one device)
-        return embedder.batch_plan(
+        return padding.batch_plan(
             lengths, batch_size=args.batch_size, max_length=args.max_length,
             tokens_per_batch=args.tokens_per_batch,
         )  # fmt: skip

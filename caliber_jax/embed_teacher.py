@@ -113,10 +113,10 @@ def embed_split(
     out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {**teacher_metadata(config, model), "passages": str(passages)}
 
-    # The Flax teacher fills batches by token budget when the config gives one
-    # (`Embedder.encode_ids`); the PyTorch backend batches by rows.
+    # Either backend fills batches by token budget when the config gives one
+    # (`padding.batch_plan`); 0 = `batch_size` rows a batch.
     budget = config.teacher.get("tokens_per_batch", 0)
-    extra = {"tokens_per_batch": budget} if budget and config.teacher.backend == "flax" else {}
+    extra = {"tokens_per_batch": budget} if budget else {}
 
     def encode_fn(batch: list[str]) -> np.ndarray:
         return model.encode(

@@ -39,56 +39,6 @@ def resolve_dtype(name: str) -> jnp.dtype:
     return DTYPES[resolve_dtype_name(name)]
 
 
-# Encoding pads to the same short geometric ladder as training (`data/padding.py`): one compiled
-# program per rung, however many batches.
-BUCKET_MULTIPLE = 16
-BUCKET_GROWTH = 1.5
-
-
-def bucket_length(length: int, max_length: int = 512) -> int:
-    """Smallest rung >= length of the ladder 16, 32, 48, 80, 128, 192, 288, 432, ..., max_length."""
-    ladder = padding.bucket_lengths(
-        max(max_length, length), multiple=BUCKET_MULTIPLE, growth=BUCKET_GROWTH
-    )
-    return padding.bucket_for(length, ladder)
-
-
-def batch_plan(
-    lengths: Sequence[int],
-    *,
-    batch_size: int,
-    max_length: int = 512,
-    tokens_per_batch: int = 0,
-    row_multiple: int = 1,
-) -> list[tuple[np.ndarray, int, int]]:
-    """How `encode_ids` batches sequences: (row indices, padded rows, padded length) per batch.
-
-    Longest first (stable), each batch padded to the ladder rung of its longest row
-    (`bucket_length`). With `tokens_per_batch` 0 every batch has `batch_size` rows; otherwise a
-    batch whose rung is L has as many rows as fit in `tokens_per_batch` slots (floor(budget / L),
-    at least one), so short passages come many to a batch instead of making small matmuls. Rows
-    are rounded up (fixed batches) or down (budgets, at least one multiple) to `row_multiple`,
-    the devices a batch is split over. Either way each rung has one row count, hence one program.
-    """
-    if batch_size < 1 or tokens_per_batch < 0 or row_multiple < 1:
-        raise ValueError(
-            f"need batch_size >= 1, tokens_per_batch >= 0, row_multiple >= 1; got {batch_size}, "
-            f"{tokens_per_batch}, {row_multiple}"
-        )
-    order = np.argsort(-np.asarray(lengths), kind="stable")
-    fixed = -(-batch_size // row_multiple) * row_multiple
-    plan, start = [], 0
-    while start < len(order):
-        length = bucket_length(int(lengths[order[start]]), max_length)
-        rows = fixed
-        if tokens_per_batch:
-            rows = max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
-        count = batch_size if not tokens_per_batch else rows
-        plan.append((order[start : start + count], rows, length))
-        start += count
-    return plan
-
-
 def pad_batch(
     id_lists: Sequence[Sequence[int]], *, rows: int, length: int, pad_id: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -260,15 +210,15 @@ class Embedder:
     ) -> np.ndarray:
         """Already-tokenised input (no special tokens added) -> [n, d] float32 unit vectors.
 
-        Batches as `batch_plan` says: `batch_size` rows each, or with `tokens_per_batch` as many
-        rows of a length rung as fill that many token slots."""
+        Batches as `padding.batch_plan` says: `batch_size` rows each, or with `tokens_per_batch`
+        as many rows of a length rung as fill that many token slots."""
         limit = max_length or self.max_length
         seqs = [list(s)[:max_length] if max_length else list(s) for s in token_id_lists]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("encode_ids: empty token sequence")
         check_ids(seqs, vocab_size=self.spec.config.vocab_size)
         out = np.zeros((len(seqs), self.dim), np.float32)
-        plan = batch_plan(
+        plan = padding.batch_plan(
             [len(s) for s in seqs], batch_size=batch_size, max_length=limit,
             tokens_per_batch=tokens_per_batch,
             # Batch rows: a multiple of the devices the batch is split over.

@@ -67,7 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Token slots per teacher batch (Embedder.encode_ids; 0 = batch_size rows): batches of a
     # length rung L hold 32768 // L passages, so the 512 rung keeps 64 rows and the filings'
     # short passages (median 93 tokens, rung 128) come 256 to a batch instead of making 64-row
-    # matmuls. One program per rung either way. The Flax backend only.
+    # matmuls. One program per rung either way; the PyTorch backend batches the same way.
     config.teacher.tokens_per_batch = 32768
     config.teacher.chunk_rows = 4096
     # "flax": our Embedder (Qwen3/BERT/MPNet, GPU/TPU); "torch": any local sentence-transformers or

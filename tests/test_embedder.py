@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from caliber_jax import Embedder, embedder
+from caliber_jax import Embedder
+from caliber_jax.data import padding
 from caliber_jax.models import embedding, layers
 
 
@@ -56,7 +57,7 @@ def test_batch_plan_fills_a_token_budget_with_one_row_count_per_rung():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 513, size=500).tolist() + [512, 512, 3]
     for multiple in (1, 8):
-        plan = embedder.batch_plan(
+        plan = padding.batch_plan(
             lengths, batch_size=64, tokens_per_batch=8192, row_multiple=multiple
         )
         seen = np.concatenate([rows for rows, _, _ in plan])
@@ -67,7 +68,7 @@ def test_batch_plan_fills_a_token_budget_with_one_row_count_per_rung():
             assert (
                 max(lengths[r] for r in rows)
                 <= length
-                == embedder.bucket_length(max(lengths[r] for r in rows))
+                == padding.bucket_length(max(lengths[r] for r in rows))
             )
             assert padded * length <= 8192 or padded == multiple
             rows_of.setdefault(length, set()).add(padded)
@@ -75,14 +76,14 @@ def test_batch_plan_fills_a_token_budget_with_one_row_count_per_rung():
         assert rows_of == {length: {8192 // length // multiple * multiple} for length in rows_of}
         assert rows_of[512] == {16} and min(rows_of) < 100
     # Without a budget: batch_size rows (rounded up to the multiple), longest first (stable).
-    plan = embedder.batch_plan(lengths, batch_size=12, row_multiple=8)
+    plan = padding.batch_plan(lengths, batch_size=12, row_multiple=8)
     order = np.argsort(-np.asarray(lengths), kind="stable")
     assert [rows.tolist() for rows, _, _ in plan] == [
         order[i : i + 12].tolist() for i in range(0, len(order), 12)
     ]
     assert {padded for _, padded, _ in plan} == {16}
     with pytest.raises(ValueError, match="tokens_per_batch >= 0"):
-        embedder.batch_plan(lengths, batch_size=4, tokens_per_batch=-1)
+        padding.batch_plan(lengths, batch_size=4, tokens_per_batch=-1)
 
 
 def test_unknown_attention_implementation_fails(minilm_dir):

@@ -206,3 +206,52 @@ def shape_first_order(shapes: Sequence[Hashable], steps: int) -> np.ndarray:
     chosen = set(first)
     rest = [i for i in range(len(shapes)) if i not in chosen]
     return np.asarray(first + rest, dtype=np.int64)
+
+
+# Encoding pads to the same short geometric ladder as training: one compiled program per rung,
+# however many batches.
+BUCKET_MULTIPLE = 16
+BUCKET_GROWTH = 1.5
+
+
+def bucket_length(length: int, max_length: int = 512) -> int:
+    """Smallest rung >= length of the ladder 16, 32, 48, 80, 128, 192, 288, 432, ..., max_length."""
+    ladder = bucket_lengths(max(max_length, length), multiple=BUCKET_MULTIPLE, growth=BUCKET_GROWTH)
+    return bucket_for(length, ladder)
+
+
+def batch_plan(
+    lengths: Sequence[int],
+    *,
+    batch_size: int,
+    max_length: int = 512,
+    tokens_per_batch: int = 0,
+    row_multiple: int = 1,
+) -> list[tuple[np.ndarray, int, int]]:
+    """How the encoders (`Embedder.encode_ids`, the PyTorch teacher) batch sequences: (row
+    indices, padded rows, padded length) per batch.
+
+    Longest first (stable), each batch padded to the ladder rung of its longest row
+    (`bucket_length`). With `tokens_per_batch` 0 every batch has `batch_size` rows; otherwise a
+    batch whose rung is L has as many rows as fit in `tokens_per_batch` slots (floor(budget / L),
+    at least one), so short passages come many to a batch instead of making small matmuls. Rows
+    are rounded up (fixed batches) or down (budgets, at least one multiple) to `row_multiple`,
+    the devices a batch is split over. Either way each rung has one row count, hence one program.
+    """
+    if batch_size < 1 or tokens_per_batch < 0 or row_multiple < 1:
+        raise ValueError(
+            f"need batch_size >= 1, tokens_per_batch >= 0, row_multiple >= 1; got {batch_size}, "
+            f"{tokens_per_batch}, {row_multiple}"
+        )
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    fixed = -(-batch_size // row_multiple) * row_multiple
+    plan, start = [], 0
+    while start < len(order):
+        length = bucket_length(int(lengths[order[start]]), max_length)
+        rows = fixed
+        if tokens_per_batch:
+            rows = max(row_multiple, tokens_per_batch // length // row_multiple * row_multiple)
+        count = batch_size if not tokens_per_batch else rows
+        plan.append((order[start : start + count], rows, length))
+        start += count
+    return plan

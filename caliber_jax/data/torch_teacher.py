@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from caliber_jax.data import padding
 from caliber_jax.models.st_layout import is_sentence_transformers_dir, read_st_pooling
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -95,15 +96,31 @@ class TorchEncoder:
         config = self._model.config
         return int(min(self._tokenizer.model_max_length, config.max_position_embeddings))
 
+    def token_lengths(self, texts: Sequence[str], max_length: int | None) -> np.ndarray:
+        """[n] tokens of each text with special tokens, cut at `max_length` (None = the model's
+        own limit): what one row of `encode` holds before padding."""
+        tokenizer = self._model.tokenizer if self.is_sentence_transformers else self._tokenizer
+        limit = self.model_max_length() if max_length is None else max_length
+        ids = tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
+        return np.asarray([len(row) for row in ids], np.int64)
+
     def encode(
-        self, texts: Sequence[str], *, batch_size: int, max_length: int | None
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int,
+        max_length: int | None,
+        tokens_per_batch: int = 0,
     ) -> np.ndarray:
         """Encodes `texts` in batches.
 
         Args:
           texts: n strings.
-          batch_size: texts per forward pass.
+          batch_size: texts per forward pass (with `tokens_per_batch` 0).
           max_length: token limit (special tokens included); None = the model's own.
+          tokens_per_batch: > 0: length-sorted batches of as many texts as fill this many token
+            slots at their length rung (`padding.batch_plan`, the Flax encoder's rule), so short
+            passages come many to a forward pass.
 
         Returns:
           [n, D] float32, L2-normalised rows.
@@ -115,7 +132,18 @@ class TorchEncoder:
             return np.zeros((0, self.dim), np.float32)
         device_type = self.device.split(":")[0]
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast):
-            return self._encode(texts, batch_size=batch_size, max_length=max_length)
+            if not tokens_per_batch:
+                return self._encode(texts, batch_size=batch_size, max_length=max_length)
+            limit = self.model_max_length() if max_length is None else max_length
+            plan = padding.batch_plan(
+                self.token_lengths(texts, limit), batch_size=batch_size, max_length=limit,
+                tokens_per_batch=tokens_per_batch,
+            )  # fmt: skip
+            out = np.zeros((len(texts), self.dim), np.float32)
+            for rows, _, _ in plan:
+                batch = [texts[row] for row in rows]
+                out[rows] = self._encode(batch, batch_size=len(batch), max_length=limit)
+            return out
 
     def _encode(self, texts: list[str], *, batch_size: int, max_length: int | None) -> np.ndarray:
         import torch
@@ -140,9 +168,10 @@ class TorchEncoder:
         vectors = torch.cat(out).cpu().numpy()
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
-    def encode_fn(self, *, batch_size: int, max_length: int | None):
+    def encode_fn(self, *, batch_size: int, max_length: int | None, tokens_per_batch: int = 0):
         """`texts -> [n, D]` with these settings (the evaluation interface)."""
-        return lambda texts: self.encode(texts, batch_size=batch_size, max_length=max_length)
+        return lambda texts: self.encode(texts, batch_size=batch_size, max_length=max_length,
+                                         tokens_per_batch=tokens_per_batch)  # fmt: skip
 
 
 def pool(hidden_btd, mask_bt, pooling: str):

@@ -43,6 +43,7 @@ from flax import nnx
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from caliber_jax import embedder as embedder_lib
+from caliber_jax.data import padding
 
 NUM_TOKEN = "[NUM]"
 _NUMBER_RE = re.compile(
@@ -167,7 +168,7 @@ def token_embeddings(
     ids = encoded["input_ids"]
     hidden_fn = _hidden_fn(embedder.graphdef)
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
-    plan = embedder_lib.batch_plan(
+    plan = padding.batch_plan(
         [len(seq) for seq in ids], batch_size=batch_size, max_length=embedder.max_length
     )
     for rows, padded_rows, length in plan:

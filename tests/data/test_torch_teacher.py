@@ -78,6 +78,43 @@ def test_plain_transformers_dir_matches_sentence_transformers(
         torch_teacher.TorchEncoder(minilm_dir, pooling="cls", dtype="float32", device="cpu")
 
 
+def test_token_budget_batches_keep_every_vector(minilm_dir, filing_passages, reference, tmp_path):
+    """With `tokens_per_batch` the texts go length-sorted in batches of `padding.batch_plan`
+    (many short ones to a pass, few long ones) and come back in input order, equal to
+    SentenceTransformer's vectors, for the sentence-transformers and the plain layout."""
+    from caliber_jax.data import padding
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "vocab.txt", "special_tokens_map.json"):  # fmt: skip
+        if (minilm_dir / name).exists():
+            (plain / name).symlink_to(minilm_dir / name)
+    texts = list(filing_passages)
+    budget = 2048
+    for directory in (minilm_dir, plain):
+        encoder = torch_teacher.TorchEncoder(
+            directory, pooling="mean", dtype="float32", device="cpu"
+        )
+        lengths = encoder.token_lengths(texts, MAX_LENGTH)
+        assert lengths.max() <= MAX_LENGTH and lengths.min() > 2
+        plan = padding.batch_plan(lengths, batch_size=16, max_length=MAX_LENGTH,
+                                  tokens_per_batch=budget)  # fmt: skip
+        sizes = {len(rows) for rows, _, _ in plan}
+        assert len(sizes) > 1 and max(sizes) > 16  # short texts many to a batch
+        calls: list[int] = []
+
+        def counted(batch, *, calls=calls, original=encoder._encode, **options):
+            calls.append(len(batch))  # the rows of each forward pass
+            return original(batch, **options)
+
+        encoder._encode = counted
+        vectors = encoder.encode(texts, batch_size=16, max_length=MAX_LENGTH,
+                                 tokens_per_batch=budget)  # fmt: skip
+        assert calls == [len(rows) for rows, _, _ in plan]
+        assert np.abs(vectors - reference).max() <= 1e-5, directory
+
+
 def _command(data_dir: Path) -> list[str]:
     return [
         sys.executable,
