@@ -125,8 +125,10 @@ def test_remat_rejects_unknown_policy():
         ("fpu avx avx2 fma", False),
     ],
 )
-def test_native_bf16_reads_the_cpu_flags(tmp_path, flags, native):
+def test_native_bf16_reads_the_cpu_flags(tmp_path, monkeypatch, flags, native):
     from caliber_jax import host
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # no ISA hold
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
@@ -135,6 +137,26 @@ def test_native_bf16_reads_the_cpu_flags(tmp_path, flags, native):
     arm.write_text(f"processor\t: 0\nFeatures\t: fp asimd {'bf16' if native else 'sve'}\n")
     assert host.native_bf16(arm) is native
     assert host.native_bf16(tmp_path / "absent") is False
+
+
+def test_an_xla_isa_hold_below_bf16_turns_native_bf16_off(tmp_path, monkeypatch):
+    """benchmarks/hold_avx2.sh holds XLA to AVX2 on an AVX-512 CPU: "auto" must then pick
+    float32, as on an AVX2-only CPU, whatever /proc/cpuinfo says."""
+    from caliber_jax import host
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    for flags, native in (
+        ("--xla_force_host_platform_device_count=8", True),
+        ("--xla_cpu_max_isa=AVX2", False),
+        ("--xla_cpu_max_isa=avx512", False),
+        ("--xla_cpu_max_isa=AVX2 --xla_cpu_max_isa=AVX512_BF16", True),  # the last one wins
+        ("--xla_cpu_max_isa=AMX", True),
+    ):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert host.held_below_bf16() is (not native), flags
+        assert host.native_bf16(cpuinfo) is native, flags
+    assert host.held_below_bf16("--xla_cpu_max_isa=SSE4_2")
 
 
 def test_auto_dtype_is_bfloat16_only_where_the_cpu_multiplies_it(monkeypatch):
