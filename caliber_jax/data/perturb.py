@@ -259,7 +259,8 @@ def _is_bare_letter_unit(text: str, start: int, end: int) -> bool:
     return bool(_LETTER_UNIT_RE.search(text, start, end)) and not _has_money_prefix(text, start)
 
 
-def _magnitude_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
+def _magnitude_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> list[Site]:
+    del rules  # no choice inside this category
     sites = []
     for start, end in spans:
         token = text[start:end]
@@ -322,10 +323,8 @@ def _governs(text: str, start: int, end: int, amounts: Sequence[tuple[int, int]]
     return False
 
 
-def _polarity_sites(
-    text: str, spans: Sequence[tuple[int, int]], scope: str = "paper"
-) -> list[Site]:
-    if scope == "paper":
+def _polarity_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> list[Site]:
+    if rules.polarity_scope == "paper":
         near, anchors = _near_span, spans
     else:  # the amounts among the spans, found once for every direction word
         near = functools.partial(_governs, text)
@@ -359,7 +358,8 @@ def _shift_year(digits: str, delta: int) -> str | None:
     return None
 
 
-def _period_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
+def _period_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> list[Site]:
+    del rules  # no choice inside this category
     sites = []
     for start, end in spans:
         token = text[start:end]
@@ -401,7 +401,7 @@ def _unit_replacements(separator: str, unit: str, scales: str) -> list[str]:
     return [separator + _match_case(unit, word) for word in words]
 
 
-def _unit_sites(text: str, spans: Sequence[tuple[int, int]], scales: str = "paper") -> list[Site]:
+def _unit_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> list[Site]:
     del spans  # Any number may carry a unit ("5 percent" is no NUM_RE span).
     sites = []
     for match in _UNIT_RE.finditer(text):
@@ -411,14 +411,14 @@ def _unit_sites(text: str, spans: Sequence[tuple[int, int]], scales: str = "pape
                 number_start -= 1
             if not _has_money_prefix(text, number_start):
                 continue  # "3M Company", "10K run": see _is_bare_letter_unit.
-        replacements = _unit_replacements(match.group("sep"), match.group("unit"), scales)
+        replacements = _unit_replacements(match.group("sep"), match.group("unit"), rules.scales)
         if replacements:
             sites.append([Edit(match.start(), match.end(), new) for new in replacements])
     return sites
 
 
-def _currency_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
-    del spans  # A currency token next to a number is enough.
+def _currency_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> list[Site]:
+    del spans, rules  # A currency token next to a number is enough; no choice inside.
     found = {}
     for pattern, choices in (
         (_CODE_BEFORE_RE, ISO_CODES),
@@ -432,7 +432,7 @@ def _currency_sites(text: str, spans: Sequence[tuple[int, int]]) -> list[Site]:
     return [found[start] for start in sorted(found)]
 
 
-_SITE_FNS: dict[str, Callable[[str, Sequence[tuple[int, int]]], list[Site]]] = {
+_SITE_FNS: dict[str, Callable[[str, Sequence[tuple[int, int]], Rules], list[Site]]] = {
     "magnitude": _magnitude_sites,
     "polarity": _polarity_sites,
     "period": _period_sites,
@@ -448,11 +448,7 @@ def _check_categories(categories: Iterable[str]) -> None:
 
 
 def _sites(text: str, spans: Sequence[tuple[int, int]], category: str, rules: Rules) -> list[Site]:
-    if category == "polarity":
-        return _polarity_sites(text, spans, rules.polarity_scope)
-    if category == "unit":
-        return _unit_sites(text, spans, rules.scales)
-    return _SITE_FNS[category](text, spans)
+    return _SITE_FNS[category](text, spans, rules)
 
 
 def candidate_sites(text: str, category: str, *, rules: Rules = PAPER_RULES) -> list[Site]:
