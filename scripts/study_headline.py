@@ -721,13 +721,17 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     record = record_dir(args, name)
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
-    # Each candidate's data folder once, prepared with the config of its first candidate.
+    # Each candidate's data folder once, prepared with the config of its first candidate. The
+    # first reuses the twin data's vectors of equal texts, each later one the folder before it
+    # (the same passages with other edits: every x vector and most pi(x) ones).
     folders: dict[str, str] = {}
     for variant, _ in MINED_PILOTS:
         folders.setdefault(phase_data(variant), variant)
+    reuse = data
     for folder_name, variant in folders.items():
         prepared(args, run, out / folder_name, f":{variant}{size}", times,
-                 tag=f" {folder_name.removeprefix('data_')}", reuse_from=data)  # fmt: skip
+                 tag=f" {folder_name.removeprefix('data_')}", reuse_from=reuse)  # fmt: skip
+        reuse = out / folder_name
     scales_dev = out / "numgap_scales_dev.jsonl"
     if not scales_dev.is_file():
         records = numgap_per_rule.build(

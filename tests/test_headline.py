@@ -881,6 +881,8 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
         assert by_name[f"evaluate {label}"].after == (f"export {label}",)
     assert by_name["evaluate Teacher"].after == ()
     assert f"--reuse_from={out / 'data'}" in argv["teacher vectors mined"]
+    # The scales folder holds the mined passages with other unit edits: it reuses their vectors.
+    assert f"--reuse_from={out / 'data_mined'}" in argv["teacher vectors mined_scales"]
     start = out / "Distill_lp_verify_s0" / "hf"
     for (variant, weight), label in study_headline.MINED_PILOTS.items():
         train = argv[f"train {label}"]
