@@ -200,11 +200,8 @@ def build_numgap(
             open_categories = [category for category in options if unmet_share(category) > 0]
             if not open_categories:
                 continue
-            candidates = [doc for doc in neighbours[anchor] if doc != anchor]
-            choice = pick_distractor(
-                texts[anchor], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
-            )
-            if choice is None:
+            distractor = _distractor(texts, anchor, neighbours[anchor], max_jaccard=max_jaccard)
+            if distractor is None:
                 continue
             # Largest unmet share first; CATEGORIES order breaks ties.
             category = max(open_categories, key=unmet_share)
@@ -216,18 +213,32 @@ def build_numgap(
                 ),
             )
             remaining[split][category] -= 1
-            distractor = candidates[choice]
             splits[split].append(
-                {
-                    "category": category,
-                    "anchor": texts[anchor],
-                    "perturbed": options[category],
-                    "distractor": texts[distractor],
-                    "anchor_id": ids[anchor],
-                    "distractor_id": ids[distractor],
-                }
+                _record(category, options[category], texts, ids, anchor, distractor)
             )
     return splits
+
+
+def _distractor(
+    texts: Sequence[str], anchor: int, neighbours: Sequence[int], *, max_jaccard: float
+) -> int | None:
+    """The index of `anchor`'s distractor among its BM25 `neighbours` (itself left out;
+    `pick_distractor`), or None."""
+    candidates = [doc for doc in neighbours if doc != anchor]
+    choice = pick_distractor(
+        texts[anchor], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
+    )
+    return None if choice is None else candidates[choice]
+
+
+def _record(
+    category: str, perturbed: str, texts: Sequence[str], ids: Sequence[str], anchor: int,
+    distractor: int,
+) -> dict[str, str]:  # fmt: skip
+    """A NumGap record (RECORD_FIELDS) of `texts[anchor]`."""
+    return {"category": category, "anchor": texts[anchor], "perturbed": perturbed,
+            "distractor": texts[distractor], "anchor_id": ids[anchor],
+            "distractor_id": ids[distractor]}  # fmt: skip
 
 
 def build_per_rule(
@@ -286,25 +297,15 @@ def build_per_rule(
         open_rules = sorted(rule for rule in by_rule if counts.get(rule, 0) < per_rule)
         if not open_rules:
             continue
-        candidates = [doc for doc in index.neighbours([anchor], k=bm25_k)[0] if doc != anchor]
-        choice = pick_distractor(
-            texts[anchor], [texts[doc] for doc in candidates], max_jaccard=max_jaccard
-        )
-        if choice is None:
+        neighbours = index.neighbours([anchor], k=bm25_k)[0]
+        distractor = _distractor(texts, anchor, neighbours, max_jaccard=max_jaccard)
+        if distractor is None:
             continue
         rule = min(open_rules, key=lambda name: counts.get(name, 0))
         counts[rule] = counts.get(rule, 0) + 1
         rng = random.Random(perturb.derive_seed(seed, "per_rule", ids[anchor]))
-        records.append(
-            {
-                "category": category,
-                "anchor": texts[anchor],
-                "perturbed": rng.choice(by_rule[rule]),
-                "distractor": texts[candidates[choice]],
-                "anchor_id": ids[anchor],
-                "distractor_id": ids[candidates[choice]],
-            }
-        )
+        perturbed = rng.choice(by_rule[rule])
+        records.append(_record(category, perturbed, texts, ids, anchor, distractor))
     return records
 
 
