@@ -409,10 +409,9 @@ def main(argv: list[str]) -> None:
     # The student's token lengths, which train's first launch would otherwise compute.
     kept = train.keep_token_lengths(config)
     where = paths.as_path(config.data.dir) / "token_lengths"
-    tokenizer_dir = train.student_tokenizer_dir(config)
     if kept:
         line = f"token lengths of {', '.join(kept)} kept in {where}"
-    elif not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
+    elif kept is None:
         line = ("token lengths not kept: no student tokenizer at model.tokenizer_dir / "
                 "model.init_dir yet (train computes them at its first launch)")  # fmt: skip
     else:

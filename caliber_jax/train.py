@@ -212,15 +212,15 @@ def student_tokenizer_dir(config: ml_collections.ConfigDict) -> str:
     return config.model.tokenizer_dir or config.model.init_dir
 
 
-def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str]:
+def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str] | None:
     """Tokenizes each prepared split with the student's tokenizer and keeps the lengths where
     `train` reads them (`lengths_cache`), so that its first launch tokenizes nothing (`prepare`
-    calls this). Returns the splits whose lengths are now kept; none when the tokenizer directory
-    is not there yet, and not a split whose file could not be written (a warning says why):
-    `train` then tokenizes them at its first launch, as before."""
+    calls this). Returns the splits whose lengths are now kept, not a split whose file could not
+    be written (a warning says why); None when the tokenizer directory is not there yet. `train`
+    tokenizes what is not kept at its first launch, as before."""
     tokenizer_dir = student_tokenizer_dir(config)
     if not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
-        return []
+        return None
     tokenize_fn = TokenizeFn(tokenizer_dir)
     kept = []
     for split in ("train", "val"):

@@ -182,6 +182,9 @@ def test_keep_token_lengths_lists_only_the_splits_it_could_write(tmp_path, caplo
     assert "token lengths not kept at" in caplog.text and "token_lengths" in caplog.text
     (tmp_path / "out" / "token_lengths").unlink()
     assert train_lib.keep_token_lengths(config) == ["train", "val"]
+    # No student tokenizer yet: nothing tokenized, and it says so (None, not an empty list).
+    config.model.tokenizer_dir, config.model.init_dir = "", str(tmp_path / "not_yet")
+    assert train_lib.keep_token_lengths(config) is None
 
 
 def test_heldout_documents_is_seeded_and_order_free():
