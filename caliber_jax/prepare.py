@@ -366,6 +366,16 @@ def sample(rows: list[dict[str, Any]], cap: int, *, seed: int) -> list[dict[str,
     return [row for i, row in enumerate(rows) if i in keep]
 
 
+def rules_from_config(options) -> perturb.Rules:
+    """`perturb.Rules` of `config.prepare`; a bad value is one error naming its field."""
+    scope, scales = options.get("polarity_scope", "paper"), options.get("scale_swaps", "paper")
+    for field, value, allowed in (("polarity_scope", scope, perturb.POLARITY_SCOPES),
+                                  ("scale_swaps", scales, perturb.SCALE_SETS)):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"config.prepare.{field}={value!r}: expected one of {allowed}")
+    return perturb.Rules(polarity_scope=scope, scales=scales)
+
+
 def prepare_from_config(config) -> dict[str, Any]:
     """`prepare` with the fields of `config.prepare`, writing into `config.data.dir`."""
     options = config.prepare
@@ -389,10 +399,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         neighbour_k=options.get("neighbour_k", 0),
         queries=options.get("queries", False),
         balance_rules=options.get("balance_rules", False),
-        rules=perturb.Rules(
-            polarity_scope=options.get("polarity_scope", "paper"),
-            scales=options.get("scale_swaps", "paper"),
-        ),
+        rules=rules_from_config(options),
         category_weights=dict(options.get("category_weights", {})),
         queries_only=options.get("queries_only", False),
         mined_dev=options.get("mined_dev", 0),

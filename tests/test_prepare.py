@@ -376,6 +376,9 @@ def test_prepare_scale_swaps_from_the_config_reach_training_and_numgap(tmp_path)
         )
         pairs = train + [(r["anchor"], r["perturbed"]) for r in records]
         seen[scales] = {perturb.edit_rule(a, b, "unit") for a, b in pairs if b}
+    config.prepare.scale_swaps = "every"
+    with pytest.raises(ValueError, match=r"config.prepare.scale_swaps='every': expected one of"):
+        prepare_lib.prepare_from_config(config)
     reverse = {"billion->thousand", "thousand->billion"}
     assert not seen["paper"] & reverse
     assert seen["all"] >= reverse | {"billion->million", "thousand->million"}
