@@ -761,7 +761,10 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
                                        alone=True)  # fmt: skip
     start_stage, start = graph.export(twin, twin_dir, twin_stage)
     candidates = {}
-    for (variant, weight), label in MINED_PILOTS.items():
+    # The numeric candidates train first (the full-size choice the seeds wait on), then the
+    # mined-data-only ones; the order changes when each result arrives, not any result.
+    numeric_first = sorted(MINED_PILOTS.items(), key=lambda item: "minednum" not in item[0][0])
+    for (variant, weight), label in numeric_first:
         argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
                 f"--config.model.init_dir={start}",
                 f"--config.loss.contrastive_weight={weight}"]  # fmt: skip

@@ -862,7 +862,10 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
     argv = fake_run.argv()
     trains = [stage for stage in fake_run.stages if stage.startswith("train ")]
-    assert trains == ["train Distill lp verify s0", *(f"train {label}" for label in dev)]
+    # The numeric candidates first (the choice the seeds wait on), then the mined-only ones.
+    assert trains == ["train Distill lp verify s0", "train Pilot minednum c0.1",
+                      "train Pilot minednum c1", "train Pilot minednum c1 scales",
+                      "train Pilot mined c0.1", "train Pilot mined c1"]  # fmt: skip
     (graph,) = fake_graph.graphs
     assert fake_run.stages[: -len(graph)] == [
         "teacher vectors", "prepare mined", "teacher vectors mined", "prepare mined_scales",
