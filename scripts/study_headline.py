@@ -30,6 +30,7 @@ their machine.
 
 import functools
 import json
+import os
 import shutil
 import sys
 import time
@@ -43,7 +44,13 @@ import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 import model_card  # noqa: E402
 import numgap_per_rule  # noqa: E402
 import numgap_rules  # noqa: E402
-from stages import Stage, record_file, run_stages, with_seed_means  # noqa: E402
+from stages import (  # noqa: E402
+    Stage,
+    record_file,
+    resolve_config,
+    run_stages,
+    with_seed_means,
+)
 
 from caliber_jax import evaluate, provenance  # noqa: E402
 from caliber_jax.data import corpus, perturb  # noqa: E402
@@ -260,6 +267,14 @@ def exported(stage_fn: Callable[[str, list[str]], None], label: str, workdir: Pa
 GraphFn = Callable[[list[Stage], dict[str, float]], None]
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link of `source` at `target`, a copy where the two lie on different filesystems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 class StudyGraph:
     """The trainings, exports and scorings of one study as a stage graph (`stages.Stage`), each
     added only when its output is missing, so that a rerun builds what is left. List order is
@@ -284,14 +299,43 @@ class StudyGraph:
     def train(self, label: str, argv: list[str], seed: int, after: Sequence[str] = (),
               alone: bool = False, workdir: Path | None = None) -> tuple[str, Path]:  # fmt: skip
         """`caliber_jax.train` of `label` into `workdir` (default out/<slug>), done when its
-        summary exists; returns (stage, workdir)."""
+        summary exists or when `adopt` links in a finished run of the same config; returns
+        (stage, workdir)."""
         workdir = workdir or self.out / evaluate.slug(label)
         self.workdirs.append(workdir)
+        argv = [*argv, f"--config.seed={seed}"]
+        done = (workdir / "summary.json").is_file() or self.adopt(label, argv, workdir)
         stage = self.add(f"train {label}", ["-m", "caliber_jax.train", *argv,
-                                            f"--config.seed={seed}", f"--workdir={workdir}"],
-                         after, done=(workdir / "summary.json").is_file(),
-                         alone=alone)  # fmt: skip
+                                            f"--workdir={workdir}"],
+                         after, done=done, alone=alone)  # fmt: skip
         return stage, workdir
+
+    def adopt(self, label: str, argv: list[str], workdir: Path) -> bool:
+        """True when `workdir` does not exist and a finished run one or two folders below `out`
+        (its summary.json written) has the config `argv` resolves to (its config.json; the
+        workdir is not part of a config): that run's files are hard-linked into `workdir`, its
+        export left out, so a pilot's candidate is not trained again as the seed the choice
+        names. The same code and data are assumed, as for a rerun that finds its own summary."""
+        finished = sorted([*self.out.glob("*/summary.json"), *self.out.glob("*/*/summary.json")])
+        if workdir.exists() or not finished:
+            return False
+        config = resolve_config([a for a in argv if a.startswith("--config")])
+        wanted = json.loads(config.to_json_best_effort())
+        for summary in finished:
+            try:
+                found = json.loads((summary.parent / "config.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if found == wanted:
+                partial = workdir.with_name(f"{workdir.name}.adopting")
+                shutil.rmtree(partial, ignore_errors=True)
+                shutil.copytree(summary.parent, partial, copy_function=_link_or_copy,
+                                ignore=shutil.ignore_patterns("hf"))  # fmt: skip
+                partial.rename(workdir)
+                print(f"train {label}: the finished run {shown_path(summary.parent)} has the "
+                      f"same config: linked in, not trained again")  # fmt: skip
+                return True
+        return False
 
     def export(self, label: str, workdir: Path, after: str | Sequence[str],
                hf: Path | None = None, *extra: str) -> tuple[str, Path]:  # fmt: skip

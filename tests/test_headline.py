@@ -1031,3 +1031,51 @@ def test_other_headline_presets_assemble_the_teacher_first(preset, runner, monke
     monkeypatch.setattr(sys, "argv", ["study.py", "--preset", preset])
     study.main()
     assert calls == ["teacher", runner]
+
+
+def test_graph_adopts_a_finished_run_of_the_same_config(tmp_path, capsys):
+    """A pilot's finished candidate is the seed run its choice names: a training whose config
+    (written by the trainer's own `write_config`) equals a finished run's below `out` is linked
+    in, its checkpoints hard links, its export left to be made again; another seed, or a
+    workdir already begun, trains."""
+    import argparse
+    import os
+
+    import study_headline
+    from etils import epath
+    from stages import resolve_config
+
+    from caliber_jax import train
+
+    out = tmp_path / "runs"
+    args = argparse.Namespace(filings=None, overrides="")
+    argv = [*study_headline.stage_args(args, out / "data_mined", ":minednum"),
+            f"--config.model.init_dir={out / 'Distill_lp_long_s0' / 'hf'}"]  # fmt: skip
+    pilot = out / "mined_pilots" / "Pilot_minednum_c1"
+    (pilot / "checkpoints" / "800").mkdir(parents=True)
+    (pilot / "checkpoints" / "800" / "state").write_bytes(b"weights")
+    (pilot / "hf").mkdir()
+    (pilot / "hf" / "modules.json").write_text("[]")
+    # The pilot sets the weight the config already holds, in so many words.
+    config = resolve_config([*argv, "--config.loss.contrastive_weight=1.0", "--config.seed=0"])
+    train.write_config(config, epath.Path(pilot))
+    (pilot / "summary.json").write_text("{}")
+
+    graph = study_headline.StudyGraph(out)
+    stage, workdir = graph.train("Minednum lp long s0", argv, 0)
+    assert graph.stages == [] and workdir == out / "Minednum_lp_long_s0"
+    assert (workdir / "summary.json").is_file() and not (workdir / "hf").exists()
+    assert os.path.samefile(workdir / "checkpoints" / "800" / "state",
+                            pilot / "checkpoints" / "800" / "state")  # fmt: skip
+    assert not list(out.glob("*.adopting"))
+    assert "linked in, not trained again" in capsys.readouterr().out
+
+    graph = study_headline.StudyGraph(out)
+    graph.train("Minednum lp long s1", argv, 1)  # another seed: another config
+    begun = out / "begun"
+    begun.mkdir()  # a run of the same config already under way resumes in its own folder
+    graph.train("Minednum begun", argv, 0, workdir=begun)
+    assert [stage.name for stage in graph.stages] == [
+        "train Minednum lp long s1", "train Minednum begun"
+    ]  # fmt: skip
+    assert not (begun / "summary.json").exists()
