@@ -175,7 +175,8 @@ class TorchEncoder:
 
 
 def pool(hidden_btd, mask_bt, pooling: str):
-    """Pools token states: mean over real tokens, the first token, or the last real token.
+    """Pools token states: mean over real tokens, the first real token, or the last real token,
+    wherever the tokenizer pads (Qwen3-Embedding's tokenizer pads on the left).
 
     Args:
       hidden_btd: [B, T, D] float32 torch tensor.
@@ -188,12 +189,13 @@ def pool(hidden_btd, mask_bt, pooling: str):
     import torch
 
     mask = mask_bt.to(hidden_btd.dtype)
+    rows = torch.arange(hidden_btd.shape[0])
     if pooling == "mean":
         return (hidden_btd * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+    real = mask_bt.long()
     if pooling == "cls":
-        return hidden_btd[:, 0]
+        return hidden_btd[rows, real.argmax(1)]  # the first 1 of each row
     if pooling == "last":
-        # Right padding: the last real token sits at (number of tokens - 1).
-        last = mask_bt.sum(1).long() - 1
-        return hidden_btd[torch.arange(hidden_btd.shape[0]), last]
+        last = real.shape[1] - 1 - real.flip(1).argmax(1)  # the last 1 of each row
+        return hidden_btd[rows, last]
     raise ValueError(f"pooling={pooling!r} not in mean/cls/last")
