@@ -89,6 +89,9 @@ def prepare(
     `mined_dev` > 0 (with `queries` and held-out documents) writes `mined_dev.jsonl`: up to that
     many questions of held-out passages, each asked of one passage only, in FinanceBench's
     format (`retrieval.load_financebench`), the retrieval dev set the mined recipe is chosen on.
+    Preparing into a folder prepared before replaces its dataset: stats.json (written last, the
+    mark of a finished prepare) and every optional file this run does not write are removed
+    before the first write.
     """
     if (queries_only or mined_dev) and not queries:
         raise ValueError("prepare.queries_only and prepare.mined_dev need prepare.queries=True")
@@ -152,6 +155,15 @@ def prepare(
         # passages.jsonl (and the counts below) record the draws train.jsonl holds.
         redrawn = {p["id"]: p for p in train}
         passages = [redrawn.get(p["id"], p) for p in passages]
+    if mined_dev and not heldout_passages:
+        raise ValueError("prepare.mined_dev needs held-out documents (heldout_fraction > 0)")
+    # A folder prepared before holds one dataset after this: its marker (stats.json, written
+    # last) and every optional file this run does not write go before the first write.
+    written = {"val.jsonl": bool(val), "mined_dev.jsonl": bool(mined_dev),
+               "numgap_dev.jsonl": build_numgap, "numgap_test.jsonl": build_numgap,
+               "numfine_test.jsonl": bool(numfine_items)}  # fmt: skip
+    for name in ["stats.json", *(name for name, kept in written.items() if not kept)]:
+        (output_dir / name).unlink(missing_ok=True)
     corpus.save_jsonl(output_dir / "passages.jsonl", passages)
     if neighbour_k:
         train_texts = [p["text"] for p in train]
@@ -169,8 +181,6 @@ def prepare(
         val = [{**p, "query": q} for p, q in zip(val, make_queries(val), strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if mined_dev:
-        if not heldout_passages:
-            raise ValueError("prepare.mined_dev needs held-out documents (heldout_fraction > 0)")
         dev_records = mined_dev_records(heldout_passages, cap=mined_dev, seed=seed)
         corpus.save_jsonl(output_dir / "mined_dev.jsonl", dev_records)
     if val:

@@ -546,3 +546,32 @@ def test_prepare_queries_only_and_mined_dev_set(tmp_path):
     assert len(queries) == len(dev) and all(len(rel) == 1 for rel in qrels.values())
     with pytest.raises(ValueError, match="need prepare.queries=True"):
         prepare_lib.prepare(source, tmp_path / "bad", queries_only=True)
+
+
+def test_preparing_again_replaces_the_dataset(tmp_path, monkeypatch):
+    """A folder prepared again holds one dataset: the earlier run's validation split and NumGap
+    files, which this run does not write, are gone (train would validate on passages it now
+    trains on), and an interrupted prepare leaves no stats.json, the mark of a finished one."""
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "gamma", "delta"])
+    out = tmp_path / "out"
+    prepare_lib.prepare(source, out, seed=0, heldout_fraction=0.34, build_numgap=True,
+                        quotas_test={"magnitude": 2}, quotas_dev={"magnitude": 1},
+                        numfine_items=2, bm25_k=5)  # fmt: skip
+    held = {row["doc_name"] for row in corpus.load_jsonl(out / "val.jsonl")}
+    assert held and (out / "numgap_test.jsonl").is_file()
+    stats = prepare_lib.prepare(source, out, seed=0, heldout_fraction=0.0)
+    names = {path.name for path in out.iterdir()}
+    assert names == {"passages.jsonl", "train.jsonl", "stats.json"}
+    assert held <= {row["doc_name"] for row in corpus.load_jsonl(out / "train.jsonl")}
+    assert json.loads((out / "stats.json").read_text()) == stats
+
+    def fail_on_train(path, rows):
+        if Path(path).name == "train.jsonl":
+            raise OSError("disk full")
+        return saved(path, rows)
+
+    saved = corpus.save_jsonl
+    monkeypatch.setattr(corpus, "save_jsonl", fail_on_train)
+    with pytest.raises(OSError, match="disk full"):
+        prepare_lib.prepare(source, out, seed=1)
+    assert not (out / "stats.json").exists()
