@@ -25,11 +25,7 @@ from caliber_jax.eval import embednum, nash, numfine
 
 def load_passages(path: str, *, num_filings: int, seed: int) -> list[dict]:
     """Passages of `num_filings` non-evaluation filings picked with `seed`."""
-    records = [
-        record
-        for record in corpus.load_records(path)
-        if not record.get(corpus.EVAL_DOC_FIELD, False)
-    ]
+    records = [record for record in corpus.load_records(path) if not corpus.is_eval_doc(record)]
     random.Random(seed).shuffle(records)
     chosen = sorted(records[:num_filings], key=lambda record: record["doc_name"])
     return list(corpus.make_passages(chosen))

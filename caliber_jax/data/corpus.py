@@ -19,6 +19,24 @@ from typing import Any
 from caliber_jax import paths
 
 EVAL_DOC_FIELD = "financebench_eval_doc"
+_TRUE_WORDS, _FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no", "")
+
+
+def is_eval_doc(record: dict[str, Any]) -> bool:
+    """Whether `record` is a FinanceBench evaluation filing (its `financebench_eval_doc`), read
+    the same way by prepare and mining: JSON true/false, 1/0, or the strings "true"/"false",
+    "1"/"0", "yes"/"no" in any case; missing or null is false. Any other value is an error
+    naming the document, so that an export's spelling never lets an evaluation filing train."""
+    value = record.get(EVAL_DOC_FIELD)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return value.strip().lower() in _TRUE_WORDS
+    raise ValueError(f"document {record.get('doc_name')!r}: {EVAL_DOC_FIELD}={value!r} is "
+                     f"neither true nor false")  # fmt: skip
+
 
 # Whitespace after ".", "!" or "?" (and closing quotes) that precedes a capital or a digit.
 _SENTENCE_END_RE = re.compile(
@@ -93,7 +111,7 @@ def _parse_line(raw: bytes, path: Path, number: int, text_field: str) -> dict[st
             f"{path}:{number}: text field {text_field!r} is {type(text).__name__}, not a string"
         )
     obj.setdefault("doc_name", f"{path.name}:{number}")
-    return {"text": text, **obj}
+    return {**obj, "text": text}  # `text_field`'s text, whatever else the record calls "text"
 
 
 def _is_debris(line: str) -> bool:
@@ -252,11 +270,12 @@ def make_passages(
     Args:
       records: dicts with `text` and `doc_name` (as from `load_records`).
       min_chars, max_chars: passage length bounds, see `cut_passages`.
-      exclude_eval_docs: skip records whose `financebench_eval_doc` is true, so that training
-        never sees FinanceBench evaluation filings.
+      exclude_eval_docs: skip records whose `financebench_eval_doc` is true (`is_eval_doc`), so
+        that training never sees FinanceBench evaluation filings.
 
     Yields:
-      {"id": "<doc_name>:<index>", "text", "doc_name", **other record fields}.
+      {**other record fields, "id": "<doc_name>:<index>", "text", "doc_name"}: the passage's
+        own fields over any the record carries under those names.
 
     Raises:
       ValueError: two records share a `doc_name` (passage ids would collide).
@@ -268,7 +287,7 @@ def make_passages(
         if doc_name in seen_docs:
             raise ValueError(f"duplicate doc_name {doc_name!r}; passage ids would collide")
         seen_docs.add(doc_name)
-        if exclude_eval_docs and record.get(EVAL_DOC_FIELD, False):
+        if exclude_eval_docs and is_eval_doc(record):
             continue
         metadata = {key: value for key, value in record.items() if key not in ("text", "doc_name")}
         texts = cut_passages(clean_text(record["text"]), min_chars=min_chars, max_chars=max_chars)
@@ -277,7 +296,8 @@ def make_passages(
             if digest in seen_texts:
                 continue
             seen_texts.add(digest)
-            yield {"id": f"{doc_name}:{index}", "text": text, "doc_name": doc_name, **metadata}
+            # The passage's own fields win over the record's (an input "id" is the document's).
+            yield {**metadata, "id": f"{doc_name}:{index}", "text": text, "doc_name": doc_name}
 
 
 def _save_atomic(path: str | os.PathLike, write_fn) -> None:

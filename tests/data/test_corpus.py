@@ -233,6 +233,42 @@ def test_make_passages_dedups_excludes_eval_docs_and_keeps_metadata():
     assert [passage["id"] for passage in with_eval] == ["a:0", "b:1", "c:0"]
 
 
+def test_record_fields_never_replace_the_passage_fields(tmp_path):
+    """A record's own "id" (common in JSONL corpora) or "text" beside another text field does not
+    overwrite the passage's: every passage keeps its id, the chosen field's text stays."""
+    path = write_lines(tmp_path / "c.jsonl", [json.dumps(
+        {"doc_name": "a", "id": "doc-7", "text": "Cover page",
+         "content": " ".join(f"Item {i}. {SENTENCE}" for i in range(30))}
+    ).encode()])  # fmt: skip
+    (record,) = corpus.load_records(path, text_field="content")
+    assert record["text"].startswith("Item 0.")
+    passages = list(corpus.make_passages([record], min_chars=100, max_chars=300))
+    ids = [passage["id"] for passage in passages]
+    assert len(ids) > 1 and len(set(ids)) == len(ids)
+    assert all(id_.startswith("a:") for id_ in ids)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(True, True), (1, True), ("true", True), ("True", True), (" YES ", True), ("1", True),
+     (False, False), (0, False), ("false", False), ("False", False), ("no", False), ("0", False),
+     ("", False), (None, False)],
+)  # fmt: skip
+def test_is_eval_doc_reads_every_spelling_one_way(value, expected):
+    """prepare and mining read the FinanceBench flag alike: an export writing 1 or "False" neither
+    leaks an evaluation filing into training nor drops a training one."""
+    assert corpus.is_eval_doc({"doc_name": "d", corpus.EVAL_DOC_FIELD: value}) is expected
+    assert corpus.is_eval_doc({"doc_name": "d"}) is False
+    records = [{"doc_name": "d", "text": f"{SENTENCE} " * 4, corpus.EVAL_DOC_FIELD: value}]
+    assert bool(list(corpus.make_passages(records, min_chars=100))) is not expected
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, 0.5, [True]])
+def test_is_eval_doc_rejects_other_values_naming_the_document(value):
+    with pytest.raises(ValueError, match="document 'd': financebench_eval_doc="):
+        corpus.is_eval_doc({"doc_name": "d", corpus.EVAL_DOC_FIELD: value})
+
+
 def test_make_passages_rejects_duplicate_doc_names():
     records = [{"doc_name": "a", "text": SENTENCE}, {"doc_name": "a", "text": SENTENCE}]
     with pytest.raises(ValueError, match="duplicate doc_name 'a'"):
