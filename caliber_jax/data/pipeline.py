@@ -7,7 +7,6 @@ order), then every process takes its slice of each global batch. Grain runs the 
 iterator whose state is the index of the next batch.
 """
 
-import json
 import os
 import sys
 import threading
@@ -74,13 +73,9 @@ def read_optional_field(path, field: str) -> list[tuple[int, Any]] | None:
     record has the field."""
     values = []
     present = False
-    with corpus.open_binary(path) as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            present |= field in record
-            values.append((line_number, record.get(field)))
+    for line_number, record in corpus.iter_jsonl(path):  # errors name the file and line
+        present |= field in record
+        values.append((line_number, record.get(field)))
     return values if present else None
 
 
@@ -93,19 +88,15 @@ def load_passages(path: str | os.PathLike) -> tuple[list[str], list[str]]:
     path = paths.as_path(path)
     texts: list[str] = []
     perturbed: list[str] = []
-    # Through epath, so a gs:// data dir streams like a local one.
-    with corpus.open_binary(path) as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            text, pert = record.get("text"), record.get("perturbed")
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"{path}:{line_number}: field 'text' must be a non-empty string")
-            if pert is not None and not isinstance(pert, str):
-                raise ValueError(f"{path}:{line_number}: field 'perturbed' must be str or null")
-            texts.append(text)
-            perturbed.append(pert or "")
+    # Through epath, so a gs:// data dir streams like a local one; errors name the file and line.
+    for line_number, record in corpus.iter_jsonl(path):
+        text, pert = record.get("text"), record.get("perturbed")
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"{path}:{line_number}: field 'text' must be a non-empty string")
+        if pert is not None and not isinstance(pert, str):
+            raise ValueError(f"{path}:{line_number}: field 'perturbed' must be str or null")
+        texts.append(text)
+        perturbed.append(pert or "")
     if not texts:
         raise ValueError(f"{path}: no passages")
     return texts, perturbed

@@ -747,3 +747,16 @@ def test_pack_first_steps_checks(corpus):
         packed_batch_fn(corpus[0], pack_first_steps=-1)
     with pytest.raises(ValueError, match="pack_first_steps=2 needs"):
         packed_batch_fn(corpus[0], pack_length=0, pack_first_steps=2)
+
+
+@pytest.mark.parametrize("read", [pipeline.load_passages, pipeline.load_queries,
+                                  pipeline.load_neighbours])  # fmt: skip
+def test_a_torn_line_is_named_by_file_and_line(tmp_path, read):
+    """A passages file cut mid-line (a copy interrupted, an edit gone wrong): the reader names the
+    file and the line, not "line 1 column 32" of a string nobody sees."""
+    path = tmp_path / "train.jsonl"
+    rows = [json.dumps({"id": f"d:{i}", "text": f"Passage {i}.", "perturbed": None,
+                        "query": None, "neighbour": None}) for i in range(2)]  # fmt: skip
+    path.write_text("\n".join([*rows, rows[0][:31]]) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}:3: malformed JSON"):
+        read(path)
