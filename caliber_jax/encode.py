@@ -26,7 +26,7 @@ def read_texts(path: str | os.PathLike, *, text_field: str) -> list[str]:
         lines = path.read_text(encoding="utf-8").splitlines()
         return [line for line in lines if line.strip()]
     texts = []
-    for line_number, record in enumerate(corpus.load_jsonl(path), start=1):
+    for line_number, record in corpus.iter_jsonl(path):  # the file's own line numbers
         value = record.get(text_field)
         if not isinstance(value, str) or not value:
             raise ValueError(f"{path}:{line_number}: field {text_field!r} is missing or not text")

@@ -31,6 +31,9 @@ def test_bad_input_names_file_and_line(tmp_path):
     source.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: field 'text'"):
         read_texts(source, text_field="text")
+    source.write_text('{"text": "fine"}\n\n\n\n{"body": "after blank lines"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:5: field 'text'"):  # the file's line
+        read_texts(source, text_field="text")
     lines = tmp_path / "t.txt"
     lines.write_text("one\n\ntwo\n")
     assert read_texts(lines, text_field="text") == ["one", "two"]
