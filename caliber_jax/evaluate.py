@@ -387,15 +387,19 @@ def _load(model_dir: str, *, pooling, dtype: str, num_layers=None):
 
 def _encode_fn(
     model_dir: str, *, pooling, dtype: str, batch_size: int, max_length, backend="flax", device=""
-) -> EncodeFn:
+) -> tuple[EncodeFn, int]:
+    """The model's encode function and the token limit it cuts at (`max_length`, else the
+    model's own)."""
     if backend == "torch":
         from caliber_jax.data import torch_teacher  # torch only when asked for
 
         encoder = torch_teacher.TorchEncoder(model_dir, pooling=pooling, dtype=dtype, device=device)
         print(f"evaluate: {model_dir}: dim {encoder.dim}, pooling {encoder.pooling} (torch)")
-        return encoder.encode_fn(batch_size=batch_size, max_length=max_length)
+        limit = max_length or encoder.model_max_length()
+        return encoder.encode_fn(batch_size=batch_size, max_length=max_length), limit
     embedder = _load(model_dir, pooling=pooling, dtype=dtype)
-    return embedder.encode_fn(batch_size=batch_size, max_length=max_length)
+    limit = max_length or embedder.max_length
+    return embedder.encode_fn(batch_size=batch_size, max_length=max_length), limit
 
 
 def _nash_fn(embedder, units: list[dict] | None):
@@ -449,7 +453,7 @@ def _inputs(values, encode: dict) -> EvalInputs:
     if values.teacher:
         teacher_fn = cache_encodings(
             _encode_fn(values.teacher, pooling=values.teacher_pooling,
-                       backend=values.teacher_backend, device=values.device, **encode)
+                       backend=values.teacher_backend, device=values.device, **encode)[0]
         )  # fmt: skip
     inputs = EvalInputs(
         financebench=retrieval.load_financebench(values.financebench)
@@ -506,11 +510,14 @@ def _evaluate_one(values, model: str, label: str, num_layers, output, encode, in
         raise ValueError("--num_layers and --nash need --backend=flax")
     encode_fn, embedder = None, None
     if torch_model:
-        encode_fn = _encode_fn(model, pooling=values.pooling, backend="torch",
-                               device=values.device, **encode)  # fmt: skip
+        encode_fn, settings["max_length"] = _encode_fn(
+            model, pooling=values.pooling, backend="torch", device=values.device, **encode
+        )
     elif not is_bm25:
         embedder = _load(model, pooling=values.pooling, dtype=values.dtype, num_layers=num_layers)
         encode_fn = embedder.encode_fn(batch_size=values.batch_size, max_length=values.max_length)
+        # The limit the texts were cut at, the flag's or the model's own (they differ by model).
+        settings["max_length"] = values.max_length or embedder.max_length
     if values.nash and embedder is not None:
         inputs = dataclasses.replace(inputs, nash_fn=_nash_fn(embedder, inputs.numfine))
     tasks = values.tasks or (["financebench"] if is_bm25 else ["financebench", "numgap"])

@@ -188,7 +188,7 @@ def test_cli_several_models_in_one_process(minilm_dir, filing_passages, tmp_path
     result = subprocess.run(
         [sys.executable, "-m", "caliber_jax.evaluate", f"--model={minilm_dir}",
          f"--model={minilm_dir}", "--label=one layer", "--label=Teacher", "--num_layers=1,0",
-         "--tasks=numgap", f"--numgap={numgap_path}", "--max_length=128", f"--output={output}"],
+         "--tasks=numgap", f"--numgap={numgap_path}", f"--output={output}"],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
@@ -200,8 +200,10 @@ def test_cli_several_models_in_one_process(minilm_dir, filing_passages, tmp_path
         saved = json.loads((output / f"{name}.json").read_text())
         assert saved["settings"]["num_layers"] == layers
         embedder = Embedder.from_pretrained(minilm_dir, num_layers=layers)
+        # No --max_length: the results name the limit the texts were cut at, the model's own.
+        assert saved["settings"]["max_length"] == embedder.max_length == 256
         alone = evaluate.run_evaluation(
-            embedder.encode_fn(batch_size=32, max_length=128),
+            embedder.encode_fn(batch_size=32, max_length=None),
             ["numgap"],
             evaluate.EvalInputs(numgap=records),
         )

@@ -218,15 +218,16 @@ def test_cli_resumes_after_a_kill_and_checks_the_text_hash(
 def test_evaluate_encodes_through_the_torch_backend(minilm_dir, filing_passages, reference):
     from caliber_jax import evaluate
 
-    encode_fn = evaluate._encode_fn(
+    encode_fn, limit = evaluate._encode_fn(
         str(minilm_dir),
         pooling=None,
         dtype="float32",
         batch_size=8,
-        max_length=MAX_LENGTH,
+        max_length=None,
         backend="torch",
         device="cpu",
     )
+    assert limit == MAX_LENGTH  # the model's own, recorded in the results' settings
     vectors = encode_fn(filing_passages[:12])
     assert np.abs(vectors - reference[:12]).max() <= 1e-5
 
