@@ -5,9 +5,10 @@
     python -m caliber_jax.compare leaf.json caliber.json --task numgap --metric D   # or M
 
 Each results file is one `caliber_jax.evaluate` output (which saves per-query values). Every file
-after the first is compared with the first, on the queries both scored: mean difference (later
-minus first), paired bootstrap 95% interval, two-sided randomization p-value, and queries won /
-lost / tied (`caliber_jax.eval.significance`). Prints a Markdown table; `--output` also writes it.
+after the first is compared with the first, query by query (both must have scored the same
+queries: an error names the ones only one scored): mean difference (later minus first), paired
+bootstrap 95% interval, two-sided randomization p-value, and queries won / lost / tied
+(`caliber_jax.eval.significance`). Prints a Markdown table; `--output` also writes it.
 """
 
 import json
@@ -28,6 +29,9 @@ def load_results(paths: Sequence[str]) -> dict[str, dict]:
             result = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not a results JSON ({error})") from None
+        if not isinstance(result, dict):
+            raise ValueError(f"{path}: not a results JSON (a {type(result).__name__}, not an "
+                             f"object as caliber_jax.evaluate writes)")  # fmt: skip
         label = str(result.get("label") or path)
         if label in results:
             label = f"{label} ({path})"

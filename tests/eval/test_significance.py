@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from caliber_jax import compare
 from caliber_jax.eval import significance
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +129,9 @@ def test_compare_cli(tmp_path):
     assert failed.returncode == 2
     assert f"{bad}: not a results JSON" in failed.stderr
     assert "Traceback" not in failed.stderr
+    bad.write_text("[1, 2]")  # JSON, but not the object evaluate writes
+    with pytest.raises(ValueError, match=rf"{bad}: not a results JSON \(a list"):
+        compare.load_results([str(first), str(bad)])
 
 
 def test_comparison_pairs_of_the_long_study():
