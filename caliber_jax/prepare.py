@@ -68,18 +68,19 @@ def prepare(
     files are written atomically into `output_dir`.
 
     `heldout_fraction` of the documents (at least one when > 0 and there are two or more) go to
-    `val.jsonl` and are the only source of NumGap; the rest go to `train.jsonl`. The caps
-    (0 = none) keep a seeded sample of each split. `neighbour_k` > 0 gives every training
-    passage a "neighbour" field (`mine_neighbours`): the row in `train.jsonl` of a topical BM25
-    neighbour, or null; and every validation passage a "train_neighbour" field, its neighbour
-    among the training passages (`mine_heldout_neighbours`), or null. `queries` gives every
-    passage of both splits a "query" field (`make_queries`), a question about it or null.
+    `val.jsonl` and are the only source of NumGap (with none held out, NumGap comes from every
+    passage, training ones included, and stats' "numgap_source" says so); the rest go to
+    `train.jsonl`. The caps (0 = none) keep a seeded sample of each split. `neighbour_k` > 0 gives
+    every training passage a "neighbour" field (`mine_neighbours`): the row in `train.jsonl` of a
+    topical BM25 neighbour, or null; and every validation passage a "train_neighbour" field, its
+    neighbour among the training passages (`mine_heldout_neighbours`), or null. `queries` gives
+    every passage of both splits a "query" field (`make_queries`), a question about it or null.
     `balance_rules` draws the training passages' perturbations again so that every rule of a
     category (each scale swap, %/bps, each direction-word pair, ...) is about equally common
-    (`rebalance_rules`), and passages.jsonl and stats.json's counts record those redrawn ones
-    (stats "chosen" over every passage, "train_chosen" over train.jsonl); validation and NumGap
-    are unchanged. `rules` (`perturb.Rules`: where direction words count, which scale words
-    swap) holds for every split and NumGap.
+    (`rebalance_rules`), and passages.jsonl and stats.json's counts record those redrawn ones (stats
+    "chosen" over every passage, "train_chosen" over train.jsonl); validation and NumGap are
+    unchanged. `rules` (`perturb.Rules`: where direction words count, which scale words swap) holds
+    for every split and NumGap.
     `category_weights` (with `balance_rules` only) draws the training category in proportion to
     these weights among those that fire (1 for a category left out), e.g. {"polarity": 3}.
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
@@ -208,6 +209,7 @@ def prepare(
     }
     if build_numgap:
         source = heldout_passages or passages
+        stats["numgap_source"] = "held-out documents" if heldout_passages else "every passage"
         texts = [passage["text"] for passage in source]
         splits = numgap.build_numgap(
             [{"id": passage["id"], "text": passage["text"]} for passage in source],
@@ -435,6 +437,9 @@ def main(argv: list[str]) -> None:
         line = (f"token lengths not kept: {where} could not be written (train computes them "
                 "at its first launch)")  # fmt: skip
     print(f"[caliber_jax] {line}", file=sys.stderr)
+    if stats.get("numgap_source") == "every passage":
+        print("[caliber_jax] NumGap drawn from every passage, training ones included: no "
+              "document is held out (prepare.heldout_fraction 0)", file=sys.stderr)  # fmt: skip
     # One summary line; everything else is in stats.json.
     print(
         f"prepare: {stats['documents']} documents -> {stats['passages']} passages "

@@ -69,6 +69,7 @@ def test_prepare_writes_passages_numgap_and_stats(tmp_path):
         "dev": {"magnitude": 0, "polarity": 2, "period": 0, "unit": 0, "currency": 0},
     }
     assert len(numgap.load_numgap(tmp_path / "out" / "numgap_test.jsonl")) == 6
+    assert stats["numgap_source"] == "every passage"  # nothing held out: training ones included
     assert json.loads((tmp_path / "out" / "stats.json").read_text()) == stats
 
 
