@@ -347,9 +347,17 @@ class Run:
         )
         grades = [j["grade"] for j in judged]
         histogram = {g: grades.count(g) for g in (1, 2, 3, 4, None)}
-        log(f"iteration {i}: judged {len(judged)}, grades {histogram}")
+        # Failed requests are in the None count for this run; judgments.jsonl marks them
+        # "failed" and the next run of this stage asks again.
+        failed = mining.failed_count(judged)
+        log(
+            f"iteration {i}: judged {len(judged)}, grades {histogram}, {failed} of the None "
+            "failed requests (no grade saved: asked again if this stage runs again)"
+        )
         if getattr(self.judge(queries), "unusable", None):
             log(f"iteration {i}: ungraded pairs by reason {dict(self.judge(queries).unusable)}")
+        if self.client is not None and self.client.failure_examples:
+            log(f"iteration {i}: failed requests, e.g. {self.client.failure_examples}")
         if stop_after == "judgments":
             return None
 
@@ -519,6 +527,7 @@ class Run:
                     self.workdir / "eval_judgments.jsonl",
                     k=config.eval.k,
                     queries=test_queries,
+                    log_fn=lambda message: log(f"iteration {i}: {message}"),
                 )
                 out["heldout_judged"] = within_doc.compare(per_model["base"], per_model["exp"])
                 log(f"iteration {i}: held-out " + _line(out["heldout_judged"]))

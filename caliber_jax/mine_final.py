@@ -52,7 +52,8 @@ def validation_6a(run, i: int, exp_model, train_judge: judge_lib.Judge) -> dict[
         k=run.config.mining.k,
     )
     log(f"iteration {i}: step 6a on {result['pairs']} validation pairs, "
-        f"{result['newly_judged']} chunks judged anew")  # fmt: skip
+        f"{result['newly_judged']} chunks judged anew, {result['failed_grades']} grades failed "
+        "(not relevant here; not cached: asked again if step 6a runs again)")  # fmt: skip
     return result
 
 
@@ -134,7 +135,8 @@ def final_evaluation(
 ) -> dict[str, Any]:
     """IV-E for bi-enc(0..iterations): new queries on the test documents, a judge other than
     `train_judge`, Hausdorff-scored pairs judged until the intervals are narrow; saved to
-    `final_eval.json` (and resumed from `final_eval/grades.jsonl`)."""
+    `final_eval.json` (and resumed from `final_eval/grades.jsonl`) unless a judge request
+    failed (those pairs count as not relevant in the result returned; a rerun asks again)."""
     config, out_path = run.config.final_eval, run.workdir / "final_eval.json"
     if out_path.exists():
         return json.loads(out_path.read_text())
@@ -194,7 +196,13 @@ def final_evaluation(
         "seconds": round(time.perf_counter() - started, 1),
         provenance.KEY: run_provenance(run.config),
     }
-    corpus.save_json(out_path, out)
+    failed = sum(result["failed_grades"] for result in results)
+    if failed:
+        # A result missing grades is this run's only: unsaved, so a rerun asks for them again
+        # (the grades that came back are in grades.jsonl and cost nothing then).
+        log(f"final eval: {failed} grades failed; {out_path.name} not saved, rerun to ask again")
+    else:
+        corpus.save_json(out_path, out)
     return out
 
 
@@ -225,8 +233,9 @@ def format_markdown(final: dict[str, Any]) -> str:
         lines.append(
             f"- iteration {result['iteration']}: {result['pairs_judged']} of "
             f"{result['pairs_selected']} selected pairs judged ({result['pairs_in_scope']} in "
-            f"scope), {result['judged_chunks']} (query, chunk) grades, stopped: "
-            f"{result['stopped']}"
+            f"scope), {result['judged_chunks']} (query, chunk) grades "
+            f"({result.get('failed_grades', 0)} failed requests, counted as not relevant), "
+            f"stopped: {result['stopped']}"
         )
     return "\n".join(lines) + "\n"
 

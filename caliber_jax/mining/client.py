@@ -47,7 +47,7 @@ class RequestError(RuntimeError):
 
 
 class MalformedResponse(ValueError):
-    """A 200 whose body is not a JSON object with a `choices` list."""
+    """A 200 whose body is not a completion (see `response_problem`)."""
 
 
 def api_root(base_url: str) -> str:
@@ -77,6 +77,51 @@ def request_key(base_url: str, endpoint: str, payload: dict[str, Any]) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def response_problem(endpoint: str, response: Any) -> str | None:
+    """What makes a parsed 200 body no completion of `endpoint`, None if nothing does.
+
+    A completion is an object with a `choices` list; each choice an object with, for "chat",
+    a `message` object whose `content` is a string (or null, which the API allows: no text),
+    for "completions" a string `text`; its `logprobs`, if any, an object whose `content` /
+    `token_logprobs` are lists (of objects / of numbers or nulls). These are the fields
+    `choice_texts` and `choice_mean_logprobs` read, so a response that passes never breaks
+    them, cached or not.
+    """
+    if not isinstance(response, dict) or not isinstance(response.get("choices"), list):
+        return "no choices list"
+    for index, choice in enumerate(response["choices"]):
+        where = f"choices[{index}]"
+        if not isinstance(choice, dict):
+            return f"{where} is {type(choice).__name__}, not an object"
+        if endpoint == "chat":
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                return f"{where}.message is {type(message).__name__}, not an object"
+            if not isinstance(message.get("content"), str | None):
+                return f"{where}.message.content is not a string"
+        elif not isinstance(choice.get("text"), str):
+            return f"{where}.text is not a string"
+        logprobs = choice.get("logprobs")
+        if logprobs is None:
+            continue
+        if not isinstance(logprobs, dict):
+            return f"{where}.logprobs is {type(logprobs).__name__}, not an object"
+        content, tokens = logprobs.get("content"), logprobs.get("token_logprobs")
+        if content is not None and not (
+            isinstance(content, list) and all(isinstance(item, dict) for item in content)
+        ):
+            return f"{where}.logprobs.content is not a list of objects"
+        if tokens is not None and not (
+            isinstance(tokens, list) and all(_is_number_or_none(v) for v in tokens)
+        ):
+            return f"{where}.logprobs.token_logprobs is not a list of numbers"
+    return None
+
+
+def _is_number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 def failure_reason(response: dict[str, Any]) -> str | None:
@@ -116,6 +161,8 @@ class OpenAIClient:
       calls: HTTP requests actually sent (retries included); cache hits do not count.
       failures: reason -> number of requests that failed for good ("HTTP 400", "HTTP 500",
         "malformed response", "timeout", "connection").
+      failure_examples: reason -> the one-line message of its first failure (the URL and what
+        was wrong), for the log.
     """
 
     def __init__(
@@ -168,6 +215,7 @@ class OpenAIClient:
         self.sleep_fn = sleep_fn
         self.calls = 0
         self.failures: collections.Counter[str] = collections.Counter()
+        self.failure_examples: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def chat(self, messages: Sequence[dict[str, str]], **params: Any) -> dict[str, Any]:
@@ -182,8 +230,9 @@ class OpenAIClient:
         """One cached call; `endpoint` is "chat" or "completions".
 
         Returns:
-          The server's JSON response, or {"error": {"reason", "message"}} when the request
-          failed for good (see `failure_reason`; not cached, so a rerun asks again).
+          The server's JSON response (checked by `response_problem`), or {"error": {"reason",
+          "message"}} when the request failed for good (see `failure_reason`; the message is one
+          line naming the URL; not cached, so a rerun asks again).
         """
         if endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint={endpoint!r}, expected one of {ENDPOINTS}")
@@ -191,12 +240,16 @@ class OpenAIClient:
         key = request_key(self.base_url, endpoint, payload)
         if self.cache is not None:
             cached = self.cache.get(key)
-            if cached is not None:
+            # A malformed body cached before responses were checked is asked again (and
+            # overwritten), not handed on to break the caller.
+            if cached is not None and response_problem(endpoint, cached) is None:
                 return cached
         response = self._send(endpoint, payload)
-        if failure_reason(response) is not None:
+        reason = failure_reason(response)
+        if reason is not None:
             with self._lock:
-                self.failures[failure_reason(response)] += 1
+                self.failures[reason] += 1
+                self.failure_examples.setdefault(reason, response["error"]["message"])
         elif self.cache is not None:
             self.cache.put(key, payload, response)
         return response
@@ -216,8 +269,10 @@ class OpenAIClient:
             response = json.loads(text)
         except (json.JSONDecodeError, TypeError) as error:
             raise MalformedResponse(f"not JSON: {str(text)[:200]!r}") from error
-        if not isinstance(response, dict) or not isinstance(response.get("choices"), list):
-            raise MalformedResponse(f"no choices list: {str(text)[:200]!r}")
+        # Checked before `request` caches it: a cached malformed body would fail every rerun.
+        problem = response_problem(endpoint, response)
+        if problem is not None:
+            raise MalformedResponse(f"{problem}: {str(text)[:200]!r}")
         return response
 
     def _send(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +306,9 @@ class OpenAIClient:
             except MalformedResponse as error:
                 reason, detail, retryable = "malformed response", str(error), True
             if not retryable or attempt == self.max_retries:
-                return {"error": {"reason": reason, "message": detail}}
+                # One line, naming the server: the log shows it as is.
+                message = " ".join(f"{url}: {detail}".split())
+                return {"error": {"reason": reason, "message": message}}
             self.sleep_fn(
                 min(retry_after if retry_after is not None else delay, self.max_backoff_seconds)
             )

@@ -134,12 +134,18 @@ def judge_key(**identity: Any) -> str:
 
 class GradeCache:
     """Grades by (judge key, query id, chunk id) in an append-only JSONL, fsynced per batch, so
-    a killed evaluation resumes with what it paid for and a changed judge never reuses them."""
+    a killed evaluation resumes with what it paid for and a changed judge never reuses them.
+
+    A pair whose request failed is not a grade: it is kept in `failed` (pair -> reason) for
+    this object's life, graded None (not relevant) without asking again, and never written, so
+    a rerun asks again.
+    """
 
     def __init__(self, path: Path, judge_key: str):
         self.path = Path(path)
         self.key = judge_key
         self.grades: dict[tuple[str, str], int | None] = {}
+        self.failed: dict[tuple[str, str], str] = {}
         if self.path.exists():
             data = self.path.read_bytes()
             end = data.rfind(b"\n") + 1
@@ -156,16 +162,23 @@ class GradeCache:
         judge: judge_lib.Judge,
         items: Sequence[tuple[str, str, Mapping[str, Any]]],
     ) -> list[int | None]:
-        """Grades of (query id, query text, chunk record) items, judging only the missing ones."""
+        """Grades of (query id, query text, chunk record) items, judging only the missing ones
+        (None where the request failed)."""
         missing = list(
             {(qid, chunk["id"]): (qid, text, chunk) for qid, text, chunk in items
-             if (qid, chunk["id"]) not in self.grades}.values()
+             if (qid, chunk["id"]) not in self.grades and (qid, chunk["id"]) not in self.failed
+             }.values()
         )  # fmt: skip
         if missing:
-            grades = judge.grade([text for _, text, _ in missing], [c for _, _, c in missing])
+            grades, failures = judge_lib.grade_with_failures(
+                judge, [text for _, text, _ in missing], [c for _, _, c in missing]
+            )
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as handle:
-                for (qid, _, chunk), grade in zip(missing, grades, strict=True):
+                for (qid, _, chunk), grade, failed in zip(missing, grades, failures, strict=True):
+                    if failed:
+                        self.failed[(qid, chunk["id"])] = failed
+                        continue
                     self.grades[(qid, chunk["id"])] = grade
                     handle.write(
                         json.dumps(
@@ -175,7 +188,7 @@ class GradeCache:
                     )  # fmt: skip
                 handle.flush()
                 os.fsync(handle.fileno())
-        return [self.grades[(qid, chunk["id"])] for qid, _, chunk in items]
+        return [self.grades.get((qid, chunk["id"])) for qid, _, chunk in items]
 
 
 # ----------------------------------------------------------------------------- step 6a
@@ -205,8 +218,9 @@ def validation_6a(
       k: the cutoff.
 
     Returns:
-      {"compare": within_doc.compare(base, exp), "pairs", "newly_judged"} (compare is None
-      without validation pairs).
+      {"compare": within_doc.compare(base, exp), "pairs", "newly_judged", "failed_grades"}
+      (compare is None without validation pairs; failed_grades: chunks whose request failed,
+      counted as not relevant here and asked again on a rerun).
     """
     base_top: dict[Pair, list[tuple[int, str]]] = {}
     grade_of: dict[tuple[str, str], int | None] = {}
@@ -221,13 +235,13 @@ def validation_6a(
             base_top.setdefault(pair, []).append((record["rank"], record["chunk_id"]))
     pairs = sorted(base_top)
     if not pairs:
-        return {"compare": None, "pairs": 0, "newly_judged": 0}
+        return {"compare": None, "pairs": 0, "newly_judged": 0, "failed_grades": 0}
     query_ids = sorted({qid for qid, _ in pairs})
     query_vecs = dict(zip(query_ids, encode_queries([text_of[q] for q in query_ids]), strict=True))
     doc_vecs = {}
     for doc in sorted({doc for _, doc in pairs}):
         doc_vecs[doc] = encode_chunks([c["text"] for c in chunks_by_doc[doc]])
-    before = len(cache.grades)
+    before, failed_before = len(cache.grades), len(cache.failed)
     base = {f"mrr_at_{k}": [], f"dcg_at_{k}": []}
     exp = {f"mrr_at_{k}": [], f"dcg_at_{k}": []}
     for qid, doc in pairs:
@@ -246,6 +260,7 @@ def validation_6a(
         "compare": within_doc.compare(base, exp),
         "pairs": len(pairs),
         "newly_judged": len(cache.grades) - before,
+        "failed_grades": len(cache.failed) - failed_before,
     }
 
 
@@ -319,8 +334,9 @@ def final_evaluation(
 
     Returns:
       Per iteration i: {"iteration", "pairs_in_scope", "pairs_selected", "pairs_judged",
-      "stopped" ("ci" | "exhausted"), "judged_chunks", "overall": compare + intervals,
-      "by_type": {type: compare + intervals}}.
+      "stopped" ("ci" | "exhausted"), "judged_chunks", "failed_grades" (judged chunks whose
+      request failed: not relevant here, not cached, asked again on a rerun), "overall":
+      compare + intervals, "by_type": {type: compare + intervals}}.
     """
     if len(query_vecs) < 2 or len(query_vecs) != len(chunk_vecs):
         raise ValueError(f"need >= 2 models' vectors, got {len(query_vecs)}, {len(chunk_vecs)}")
@@ -390,9 +406,13 @@ def final_evaluation(
             ):
                 stopped = "ci"
                 break
+        judged_chunks = {(q, chunks[r]["id"]) for q, d in judged_pairs
+                         for r in tops[(q, d)][0] + tops[(q, d)][1]}  # fmt: skip
+        failed = sum(item in cache.failed for item in judged_chunks)
         log_fn(
             f"final eval {i}: {len(judged_pairs)}/{len(selected)} selected pairs judged "
-            f"({len(scores)} in scope), stopped: {stopped}"
+            f"({len(scores)} in scope), stopped: {stopped}, {failed} of {len(judged_chunks)} "
+            "grades failed (not relevant here; asked again on a rerun)"
         )
         by_type: dict[str, list[int]] = {}
         for position, (_, doc) in enumerate(judged_pairs):
@@ -404,8 +424,8 @@ def final_evaluation(
                 "pairs_selected": len(selected),
                 "pairs_judged": len(judged_pairs),
                 "stopped": stopped,
-                "judged_chunks": len({(q, chunks[r]["id"]) for q, d in judged_pairs
-                                      for r in tops[(q, d)][0] + tops[(q, d)][1]}),
+                "judged_chunks": len(judged_chunks),
+                "failed_grades": failed,
                 "overall": summarize(base, exp, level=ci_level),
                 "by_type": {
                     doc_type: summarize(

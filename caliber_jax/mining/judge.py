@@ -1,7 +1,8 @@
 """Relevance judges grading (query, chunk) pairs on the 1-4 scale of paper 001 Table II.
 
 One interface, `grade(queries, chunks) -> [grade | None]` (None: the judge gave no valid grade)
-plus an `identity` stored with every grade, two backends: `OpenAIJudge` (an LLM with the Table II
+plus an `identity` stored with every grade (`grade_with_failures` also says which Nones are
+failed requests, never to be stored), two backends: `OpenAIJudge` (an LLM with the Table II
 criteria in the prompt and strict parsing) and `EmbeddingJudge` (a local teacher's cosine mapped
 to grades by calibrated, stored thresholds). FinanceBench's evidence labels (section VI) are not a
 judge: they label FinanceBench's own questions only, never the generated queries that mining and
@@ -32,6 +33,23 @@ class Judge(Protocol):
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
     ) -> list[int | None]:
         """Grade of chunk i for query i, or None when no valid grade came back."""
+
+
+def grade_with_failures(
+    judge: Judge, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+) -> tuple[list[int | None], list[str | None]]:
+    """`judge.grade` plus, per pair, why its request failed (None: it did not).
+
+    A failed request (HTTP 5xx or a timeout after the retries, a malformed response, a 400) is
+    no verdict on the pair: its grade is None for this run only, and callers keep it out of
+    every stored grade, so a rerun asks again. Judges that send no request (`EmbeddingJudge`)
+    never fail.
+    """
+    method = getattr(judge, "grade_with_failures", None)
+    if method is not None:
+        return method(queries, chunks)
+    grades = judge.grade(queries, chunks)
+    return grades, [None] * len(grades)
 
 
 # Table II of the paper, verbatim.
@@ -131,6 +149,12 @@ class OpenAIJudge:
     def grade(
         self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
     ) -> list[int | None]:
+        return self.grade_with_failures(queries, chunks)[0]
+
+    def grade_with_failures(
+        self, queries: Sequence[str], chunks: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[int | None], list[str | None]]:
+        """Grades, and per pair the reason its request failed (None: it did not)."""
         calls = [
             (
                 "chat",
@@ -147,7 +171,7 @@ class OpenAIJudge:
             )
             for query, chunk in zip(queries, chunks, strict=True)
         ]
-        grades = []
+        grades, failures = [], []
         for response in self.client.map(calls):
             failed = client_lib.failure_reason(response)
             text = (client_lib.choice_texts(response) or [""])[0]
@@ -155,7 +179,8 @@ class OpenAIJudge:
             if grade is None:
                 self.unusable[f"request failed: {failed}" if failed else unusable_reason(text)] += 1
             grades.append(grade)
-        return grades
+            failures.append(failed)
+        return grades, failures
 
 
 # ------------------------------------------------------------------------------ embedding judge

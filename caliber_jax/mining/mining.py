@@ -3,12 +3,14 @@
 Every stage writes its output atomically (JSONL via `corpus.save_jsonl`, vectors in a TensorStore
 array via `teacher.embed_to_store`), so a finished stage is skipped on rerun. Judging, the
 expensive stage, appends each judged batch to `<name>.partial.jsonl` and renames it when complete:
-a killed run resumes after the last complete batch and ends with the same file. No jax.
+a killed run resumes after the last complete batch and ends with the same file. A failed judge
+request is never stored as a grade: the next call asks for that pair again. No jax.
 """
 
+import collections
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,31 +170,76 @@ def judge_candidates(
     """Step 3: grades every candidate, `batch_size` at a time, resumable after a kill.
 
     Returns the candidates with "grade" and "judge" (`judge.identity`) added, as saved in
-    `path`. A file (finished or partial) of another judge is refused: one stage, one judge.
+    `path`. A pair whose request failed (`judge.grade_with_failures`) is saved with grade None
+    and "failed" (the reason): ungraded in this run, as a pair the judge gave no grade, but not
+    a grade, so the next call on the file (finished or partial) asks for it again. A file of
+    another judge is refused: one stage, one judge.
     """
     if path.exists():
-        return _check_judge(corpus.load_jsonl(path), judge, path)
+        records = _check_judge(corpus.load_jsonl(path), judge, path)
+        return _ask_again(judge, records, chunk_by_id, path, batch_size=batch_size, log_fn=log_fn)
     partial = path.with_name(path.stem + ".partial.jsonl")
     done = _complete_lines(partial)
     if done:
-        _check_judge(corpus.load_jsonl(partial), judge, partial)
+        records = _check_judge(corpus.load_jsonl(partial), judge, partial)
         log_fn(f"judge: resuming {path.name} at {done}/{len(candidates)}")
+        _ask_again(judge, records, chunk_by_id, partial, batch_size=batch_size, log_fn=log_fn)
     with open(partial, "a", encoding="utf-8") as handle:
         for start in range(done, len(candidates), batch_size):
-            batch = candidates[start : start + batch_size]
-            grades = judge.grade(
-                [c["query"] for c in batch], [chunk_by_id[c["chunk_id"]] for c in batch]
-            )
-            handle.write(
-                "".join(
-                    json.dumps({**c, "grade": g, "judge": judge.identity}) + "\n"
-                    for c, g in zip(batch, grades, strict=True)
-                )
-            )
+            graded = _graded(judge, candidates[start : start + batch_size], chunk_by_id)
+            handle.write("".join(json.dumps(record) + "\n" for record in graded))
             handle.flush()
             os.fsync(handle.fileno())
     os.replace(partial, path)
     return corpus.load_jsonl(path)
+
+
+def _graded(
+    judge: judge_lib.Judge,
+    batch: Sequence[Mapping[str, Any]],
+    chunk_by_id: Mapping[str, Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """`batch` (candidates, or records to grade again) with "grade" and "judge" set, and
+    "failed" (the reason) only where the request failed."""
+    grades, failures = judge_lib.grade_with_failures(
+        judge, [c["query"] for c in batch], [chunk_by_id[c["chunk_id"]] for c in batch]
+    )
+    out = []
+    for candidate, grade, failed in zip(batch, grades, failures, strict=True):
+        record = {key: value for key, value in candidate.items() if key != "failed"}
+        record |= {"grade": grade, "judge": judge.identity}
+        out.append(record | {"failed": failed} if failed else record)
+    return out
+
+
+def _ask_again(
+    judge: judge_lib.Judge,
+    records: list[dict[str, Any]],
+    chunk_by_id: Mapping[str, Mapping[str, Any]],
+    path: Path,
+    *,
+    batch_size: int,
+    log_fn: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Grades again the records whose request failed in an earlier run, then rewrites `path`
+    atomically; `records` is returned (updated in place)."""
+    rows = [row for row, record in enumerate(records) if record.get("failed")]
+    if not rows:
+        return records
+    log_fn(f"judge: asking again for {len(rows)} pairs of {path.name} whose request failed")
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        regraded = _graded(judge, [records[row] for row in batch], chunk_by_id)
+        for row, record in zip(batch, regraded, strict=True):
+            records[row] = record
+    corpus.save_jsonl(path, records)
+    return records
+
+
+def failed_count(records: Sequence[Mapping[str, Any]]) -> int:
+    """How many judged records have no grade because their request failed (see
+    `judge_candidates`)."""
+    return sum(1 for record in records if record.get("failed"))
 
 
 def _check_judge(
@@ -322,31 +369,54 @@ def judged_eval(
     *,
     k: int,
     queries: Sequence[Mapping[str, Any]],
+    log_fn: Callable[[str], None] = print,
 ) -> dict[str, dict[str, list[float]]]:
     """Step 6a: judges each model's top k and returns per-(query, document) MRR@k / DCG@k per
     model, in the order of `rankings` (keyed by query id, see `eval_rankings`; `queries` gives
     their texts). Grades are cached in `cache_path` across iterations under (judge identity,
     query text, chunk): a grade depends on those alone, and another judge's grades stay in the
-    file but are never used for this one."""
+    file but are never used for this one. A pair whose request failed counts as not relevant
+    in this call (logged) and is not cached, so the next call asks again."""
     text_of = {query["id"]: query["text"] for query in queries}
     records = corpus.load_jsonl(cache_path) if cache_path.exists() else []
     # Records of other judges are kept (switching back reuses them), not read.
     cache: dict[tuple[str, str], int | None] = {
         (r["query"], r["chunk_id"]): r["grade"] for r in records if r.get("judge") == judge.identity
     }
+    failed: dict[tuple[str, str], str] = {}  # this call only: never written to `cache_path`
 
     def grade_fn(id_pairs: list[tuple[str, str]]) -> list[int | None]:
         pairs = [(text_of[query_id], chunk_id) for query_id, chunk_id in id_pairs]
-        missing = list(dict.fromkeys(pair for pair in pairs if pair not in cache))
+        missing = list(dict.fromkeys(p for p in pairs if p not in cache and p not in failed))
         if missing:
-            grades = judge.grade([q for q, _ in missing], [chunk_by_id[c] for _, c in missing])
-            cache.update(zip(missing, grades, strict=True))
-            records.extend(
-                {"judge": judge.identity, "query": q, "chunk_id": c, "grade": g}
-                for (q, c), g in zip(missing, grades, strict=True)
+            grades, failures = judge_lib.grade_with_failures(
+                judge, [q for q, _ in missing], [chunk_by_id[c] for _, c in missing]
             )
-            corpus.save_jsonl(cache_path, records)
-        return [cache[pair] for pair in pairs]
+            graded = []
+            for pair, grade, reason in zip(missing, grades, failures, strict=True):
+                if reason:
+                    failed[pair] = reason
+                else:
+                    cache[pair] = grade
+                    graded.append(pair)
+            if graded:
+                records.extend(
+                    {"judge": judge.identity, "query": q, "chunk_id": c, "grade": cache[(q, c)]}
+                    for q, c in graded
+                )
+                corpus.save_jsonl(cache_path, records)
+        return [cache.get(pair) for pair in pairs]
 
     per_model, _ = within_doc.judged_at_k(rankings, grade_fn, k=k)
+    if failed:
+        log_fn(
+            f"judged eval: {len(failed)} grades failed ({_by_reason(failed.values())}), counted "
+            f"as not relevant here; not cached in {cache_path.name}, so a rerun asks again"
+        )
     return per_model
+
+
+def _by_reason(reasons: Iterable[str]) -> str:
+    """How many of each failure reason, as "HTTP 500 x2, timeout x1"."""
+    counts = collections.Counter(reasons)
+    return ", ".join(f"{reason} x{count}" for reason, count in sorted(counts.items()))

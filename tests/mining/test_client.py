@@ -23,7 +23,7 @@ class FakeServer(http.server.ThreadingHTTPServer):
         self.requests: list[tuple[str, dict, dict]] = []  # (path, body, headers)
         # How to answer the next requests: a status (200: normal), (status, headers),
         # "truncated" (a body cut short), "malformed" (200, not JSON), "no choices" (200, JSON
-        # without choices).
+        # without choices), "string message" (200, a choice whose message is a string).
         self.failures: list = []
         self.reply = lambda path, body: "1"
         self.lock = threading.Lock()
@@ -43,11 +43,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with server.lock:
             server.requests.append((self.path, body, dict(self.headers)))
             status = server.failures.pop(0) if server.failures else 200
-        if status in ("truncated", "malformed", "no choices"):
+        if status in ("truncated", "malformed", "no choices", "string message"):
             data = {
                 "truncated": b'{"id": "x", "choices": [{"text": "cut sh',
                 "malformed": b'{"id": "x", "choices": [oops',
                 "no choices": b'{"id": "x", "object": "text_completion"}',
+                "string message": b'{"choices": [{"message": "3"}]}',
             }[status]
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -303,6 +304,64 @@ def test_truncated_bodies_and_malformed_json_are_retried(server, tmp_path):
     response = client.complete("y")
     assert client_lib.failure_reason(response) == "malformed response"
     assert client.failures["malformed response"] == 1 and len(server.requests) == 8
+
+
+def test_a_choice_that_is_no_completion_is_a_failed_request_never_cached(server, tmp_path):
+    """{"choices": [{"message": "3"}]} has a choices list but no completion in it: retried,
+    then a failed request of this pair (counted, one line naming the URL and the field), never
+    cached, so a rerun asks again; one cached before responses were checked is asked again."""
+    server.reply = lambda path, body: "4"
+    client = make_client(server, tmp_path, retries=1)
+    llm_judge = judge.OpenAIJudge(client, max_tokens=4, max_passage_chars=100)
+    server.failures = ["string message"] * 2
+    assert llm_judge.grade(["q"], [{"text": "p"}]) == [None]
+    assert dict(llm_judge.unusable) == {"request failed: malformed response": 1}
+    assert dict(client.failures) == {"malformed response": 1}
+    message = client.failure_examples["malformed response"]
+    assert message.startswith(
+        f"{server.url}/chat/completions: choices[0].message is str, not an object: "
+    )
+    assert "\n" not in message
+    assert not list((tmp_path / "cache").rglob("*.json"))
+    rerun = judge.OpenAIJudge(make_client(server, tmp_path), max_tokens=4, max_passage_chars=100)
+    assert rerun.grade(["q"], [{"text": "p"}]) == [4] and len(server.requests) == 3
+    # A malformed body in the cache (written before the check): asked again, overwritten.
+    [path] = (tmp_path / "cache").rglob("*.json")
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "response": {"choices": [{"message": "3"}]}}))
+    again = judge.OpenAIJudge(make_client(server, tmp_path), max_tokens=4, max_passage_chars=100)
+    assert again.grade(["q"], [{"text": "p"}]) == [4] and len(server.requests) == 4
+    assert client_lib.choice_texts(json.loads(path.read_text())["response"]) == ["4"]
+
+
+@pytest.mark.parametrize(
+    "endpoint, response, problem",
+    [
+        ("chat", {"choices": []}, None),
+        ("chat", {"choices": [{"message": {"content": "3"}}]}, None),
+        ("chat", {"choices": [{"message": {"content": None}}]}, None),  # the API allows null
+        ("completions", {"choices": [{"text": "3", "logprobs": None}]}, None),
+        ("chat", [], "no choices list"),
+        ("chat", {"choices": ["3"]}, "choices[0] is str, not an object"),
+        ("chat", {"choices": [{"message": "3"}]}, "choices[0].message is str, not an object"),
+        ("chat", {"choices": [{"text": "3"}]}, "choices[0].message is NoneType, not an object"),
+        ("chat", {"choices": [{"message": {"content": 3}}]},
+         "choices[0].message.content is not a string"),
+        ("completions", {"choices": [{"message": {"content": "3"}}]},
+         "choices[0].text is not a string"),
+        ("completions", {"choices": [{"text": "3", "logprobs": "-1"}]},
+         "choices[0].logprobs is str, not an object"),
+        ("chat", {"choices": [{"message": {"content": "3"}, "logprobs": {"content": [-1.0]}}]},
+         "choices[0].logprobs.content is not a list of objects"),
+        ("completions", {"choices": [{"text": "3", "logprobs": {"token_logprobs": ["-1"]}}]},
+         "choices[0].logprobs.token_logprobs is not a list of numbers"),
+    ],
+)  # fmt: skip
+def test_response_problem_names_what_is_wrong(endpoint, response, problem):
+    assert client_lib.response_problem(endpoint, response) == problem
+    if problem is None:  # what passes, the readers take without raising
+        client_lib.choice_texts(response)
+        client_lib.choice_mean_logprobs(response)
 
 
 def test_retryable_statuses_honour_retry_after_then_give_up(server, tmp_path):

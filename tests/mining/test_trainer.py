@@ -1,6 +1,7 @@
 """Triplet retraining on the project's machinery: the loss falls, resume, export round trip."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -105,3 +106,21 @@ def test_triplet_training_with_accumulation_logs_the_update_lr(tmp_path, minilm_
     ]
     # Updates 0..3 run at 0, 1/2, 1, 1/2 of lr (warm-up 2, linear decay to 0 at update 4).
     np.testing.assert_allclose(logged, np.repeat([0.0, 5e-4, 1e-3, 5e-4], 2), atol=1e-9)
+
+
+def test_resume_leaves_one_metrics_row_per_step(tmp_path, minilm_dir):
+    """A kill after step 4's row was written but before its checkpoint: the rerun restores
+    step 2 and replays 3 and 4, whose earlier rows are dropped, not duplicated."""
+    args = _train_args(tmp_path / "train", minilm_dir, max_length=16, query_max_length=8,
+                       num_epochs=4.0, checkpoint_every=2)  # fmt: skip
+    trainer.train_triplets(_triplets(), [], **args)
+    metrics = tmp_path / "train" / "metrics.jsonl"
+    before = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["step"] for row in before] == [1, 2, 3, 4]
+    shutil.rmtree(tmp_path / "train" / "checkpoints" / "4")
+    trainer.train_triplets(_triplets(), [], **args)
+    after = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["step"] for row in after] == [1, 2, 3, 4]
+    np.testing.assert_allclose(
+        [row["train/loss"] for row in after], [row["train/loss"] for row in before], rtol=1e-5
+    )
