@@ -45,7 +45,7 @@ def load_chunks(config: ml_collections.ConfigDict, path: Path) -> list[dict[str,
             raise FileNotFoundError(f"{data.filings}: no such file (config.data.filings)")
         records, eval_records = [], []
         for record in corpus.load_records(data.filings):
-            if chunking.is_true(record.get(corpus.EVAL_DOC_FIELD)):
+            if corpus.is_eval_doc(record):
                 if data.eval_docs:
                     eval_records.append(record)
             else:

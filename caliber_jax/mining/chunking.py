@@ -120,7 +120,7 @@ def make_chunks(
       min_chars, max_chars: chunk length bounds (`chunk_text`).
       val_fraction, test_fraction: shares of documents held out (`assign_splits`).
       seed: split seed.
-      eval_docs_split: put FinanceBench evaluation filings (`financebench_eval_doc` true) in the
+      eval_docs_split: put FinanceBench evaluation filings (`corpus.is_eval_doc`) in the
         "eval" split, outside train/val/test, so mining never trains on them.
     """
     records = list(records)
@@ -128,7 +128,7 @@ def make_chunks(
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ValueError(f"duplicate doc_name {duplicates[0]!r}; chunk ids would collide")
-    is_eval = [eval_docs_split and is_true(r.get(corpus.EVAL_DOC_FIELD, False)) for r in records]
+    is_eval = [eval_docs_split and corpus.is_eval_doc(record) for record in records]
     splits = assign_splits(
         [n for n, e in zip(names, is_eval, strict=True) if not e],
         val_fraction=val_fraction,
@@ -148,8 +148,3 @@ def make_chunks(
                 "text": text,
                 "split": split,
             }
-
-
-def is_true(value: Any) -> bool:
-    """JSON true, or the strings "true"/"True" some exports write."""
-    return value is True or (isinstance(value, str) and value.strip().lower() == "true")

@@ -2,6 +2,8 @@
 
 import itertools
 
+import pytest
+
 from caliber_jax.data import corpus
 from caliber_jax.mining import chunking
 
@@ -82,3 +84,18 @@ def test_real_filing_chunks_and_document_split():
         )
     )
     assert {c["split"] for c in eval_chunks} == {"eval"}
+
+
+@pytest.mark.parametrize("flag, split", [(1, "eval"), ("True", "eval"), ("1", "eval"),
+                                         (0, None), ("False", None), ("no", None)])  # fmt: skip
+def test_the_eval_flag_is_read_as_prepare_reads_it(flag, split):
+    """Mining and prepare read `financebench_eval_doc` alike (`corpus.is_eval_doc`): an export
+    writing 1 keeps the filing out of mining's training splits as it keeps it out of prepare's."""
+    text = "\n\n".join(f"Paragraph {i}. " + "Revenue was $5.2 million in 2020. " * 20
+                       for i in range(4))  # fmt: skip
+    record = {"doc_name": "X", "text": text, "financebench_eval_doc": flag}
+    chunks = list(chunking.make_chunks([record], min_chars=500, max_chars=1000,
+                                       val_fraction=0.0, test_fraction=0.0, seed=0))  # fmt: skip
+    assert chunks and {c["split"] for c in chunks} == {split or "train"}
+    passages = list(corpus.make_passages([record], min_chars=200, max_chars=1200))
+    assert bool(passages) is (split is None)
