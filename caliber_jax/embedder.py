@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from caliber_jax import host, sharding, tokenization
 from caliber_jax.data import padding
-from caliber_jax.models import embedding
+from caliber_jax.models import embedding, st_layout
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 AUTO = "auto"
@@ -251,8 +251,6 @@ def _max_length(path: Path, spec: embedding.ModelSpec) -> int:
     """sentence-transformers' max_seq_length when recorded, else 512 (the paper's)."""
     config = path / "sentence_bert_config.json"
     if config.is_file():
-        import json
-
-        return int(json.loads(config.read_text()).get("max_seq_length") or 512)
+        return int(st_layout.read_json(config).get("max_seq_length") or 512)
     limit = getattr(spec.config, "max_position_embeddings", 512)
     return min(512, limit)

@@ -7,6 +7,8 @@ Restores only the params (single-device targets, whatever topology wrote them), 
 table in reverse, writes `model.safetensors`, `config.json`, the tokenizer files and the
 sentence-transformers modules (pooling, Dense W_out when present, Normalize), so `AutoModel` and
 `SentenceTransformer` load the student. `--workdir` and `--output` may be URLs (gs://...).
+The export is written beside `--output` and moved there when complete, replacing a previous export
+whole: the directory holds one export, and one cut short never looks finished (`DONE_FILE`).
 
 `--interpolate alpha` writes (1 - alpha) * initial + alpha * trained weights instead (weight-space
 ensembling, "WiSE-FT", Wortsman et al. 2022): the initial student is what `train.py` starts from
@@ -27,7 +29,9 @@ read such a directory; the default, float32, writes the params exactly as traine
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -55,16 +59,37 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     `interpolate` in [0, 1] blends the checkpoint with the initial student, or with the latest
     checkpoint of the run in `blend_with` (same student architecture), (module docstring).
     `dtype` ("float32", "float16" or "bfloat16") is the dtype of the written weights.
+    A previous export in `output` is replaced whole, once the new one is complete; a directory
+    that holds something else is an error (`_check_replaceable`).
     """
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export: dtype={dtype!r}, expected one of {', '.join(WEIGHT_DTYPES)}")
     workdir, output = paths.as_path(workdir), paths.as_path(output)
+    _check_replaceable(output)
+    options = dict(step=step, query_prompt=query_prompt, interpolate=interpolate,
+                   blend_with=blend_with, dtype=dtype)  # fmt: skip
     if paths.is_remote(output):  # write locally, then copy the finished directory over
         with tempfile.TemporaryDirectory() as local:
-            export(workdir, local, step=step, query_prompt=query_prompt,
-                   interpolate=interpolate, blend_with=blend_with, dtype=dtype)  # fmt: skip
+            _write_export(workdir, epath.Path(local), **options)
+            if output.exists():  # the old export (and its DONE_FILE) goes first
+                output.rmtree()
             _copy_tree(epath.Path(local), output)
         return output
+    # A sibling folder (same filesystem), renamed into place when complete.
+    staging = output.parent / f".{output.name}.export-{uuid.uuid4().hex[:12]}"
+    try:
+        _write_export(workdir, staging, **options)
+        _move_into_place(staging, output)
+    finally:
+        if staging.exists():  # an export cut short by an error
+            shutil.rmtree(staging)
+    return output
+
+
+def _write_export(workdir: epath.Path, output: epath.Path, *, step: int | None,
+                  query_prompt: str | None, interpolate: float | None,
+                  blend_with: str | os.PathLike | None, dtype: str) -> None:  # fmt: skip
+    """`export` into a new local directory `output`, `DONE_FILE` last."""
     config = _read_config(workdir)
     model = config.model
     spec = embedding.read_spec(
@@ -121,7 +146,36 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         record["blend_with"] = str(blend_with)
         record["blend_step"] = int(other_step)
     hf.save_json(record, output / DONE_FILE)
-    return output
+
+
+def _check_replaceable(output: epath.Path) -> None:
+    """Raises ValueError unless `output` is absent, an empty directory or an export (it holds
+    `model.safetensors` or `DONE_FILE`): an export replaces it whole, so a mistyped `--output`
+    (a training workdir, a folder of runs) must not be deleted."""
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise ValueError(f"export: output {output} is a file, not a directory")
+    if any(output.iterdir()) and not any(
+        (output / name).exists() for name in ("model.safetensors", DONE_FILE)
+    ):
+        raise ValueError(
+            f"export: output {output} is not empty and holds no export (no model.safetensors or "
+            f"{DONE_FILE}); an export replaces its output whole, so choose another directory"
+        )
+
+
+def _move_into_place(staging: epath.Path, output: epath.Path) -> None:
+    """Renames the complete export `staging` to `output` (same folder), replacing the export there.
+
+    At any moment `output` is the old export, absent (between the two renames), or the new one.
+    """
+    retired = staging.with_name(staging.name + "-replaced")
+    if output.exists():
+        os.replace(output, retired)
+    os.replace(staging, output)
+    if retired.exists():
+        shutil.rmtree(retired)
 
 
 def _cast_weights(output: epath.Path, dtype: str) -> None:
@@ -174,8 +228,10 @@ def interpolate_params(
 
 
 def _copy_tree(source: epath.Path, target: epath.Path) -> None:
+    """Copies the files of `source` into `target`, `DONE_FILE` last: a remote store has no rename,
+    so the marker appears only once every other file of the export is there."""
     target.mkdir(parents=True, exist_ok=True)
-    for child in source.iterdir():
+    for child in sorted(source.iterdir(), key=lambda child: child.name == DONE_FILE):
         if child.is_dir():
             _copy_tree(child, target / child.name)
         else:

@@ -1,6 +1,11 @@
 """Embedder options for large teachers and long sequences: bfloat16 parameters, the batch split
 over local devices, attention implementations and per-layer rematerialisation."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,3 +173,47 @@ def test_auto_dtype_is_bfloat16_only_where_the_cpu_multiplies_it(monkeypatch):
     assert embedder.resolve_dtype("float32") == jnp.float32
     with pytest.raises(ValueError, match="'float16'.*auto"):
         embedder.resolve_dtype("float16")
+
+
+def _corrupt_copy(minilm_dir, tmp_path, name: str, content: bytes):
+    """MiniLM's directory (links to its files) with file `name` replaced by `content`."""
+    model = tmp_path / "model"
+    for source in minilm_dir.rglob("*"):
+        if source.is_file():
+            target = model / source.relative_to(minilm_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source)
+    (model / name).unlink()
+    (model / name).write_bytes(content)
+    return model
+
+
+@pytest.mark.parametrize(
+    "name", ["config.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json"]
+)
+def test_malformed_json_is_reported_with_its_file(minilm_dir, tmp_path, name):
+    model = _corrupt_copy(minilm_dir, tmp_path, name, b'{\n  "max_seq_length": \n')
+    message = f"{model / name}: not valid JSON (Expecting value at line 3 column 1)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Embedder.from_pretrained(model)
+
+
+def test_truncated_safetensors_is_one_error_line_naming_the_file(minilm_dir, tmp_path):
+    """A cut-off model.safetensors: ValueError naming the file from the API, and one `error:`
+    line (exit status 2, no traceback) from `python -m caliber_jax.encode`."""
+    weights = (minilm_dir / "model.safetensors").read_bytes()
+    model = _corrupt_copy(minilm_dir, tmp_path, "model.safetensors", weights[: len(weights) // 2])
+    message = f"{model / 'model.safetensors'}: cannot be read ("
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}.*incomplete metadata"):
+        Embedder.from_pretrained(model)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("one text\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.encode", f"--model={model}", f"--input={texts}",
+         f"--output={tmp_path / 'vectors.npy'}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr[-2000:]

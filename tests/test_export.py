@@ -348,3 +348,94 @@ def test_cli_rejects_an_unknown_dtype_in_one_line(minilm_dir, tmp_path):
         "error: export: dtype='float8', expected one of float32, float16, bfloat16"
     ]
     assert not (tmp_path / "hf").exists()
+
+
+def test_re_export_replaces_the_previous_export_whole(minilm_dir, tmp_path):
+    """Exporting a run without W_out over one with a W_out leaves no 2_Dense/ or old Normalize
+    folder behind, and no staging folder beside it; a 2_Dense/ that modules.json does not list
+    is not applied by `Embedder` (sentence-transformers does not load it either)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with_w_out, _, _ = make_workdir(tmp_path / "a", minilm_dir, num_layers=1, out_dim=256)
+    without, _, _ = make_workdir(tmp_path / "b", minilm_dir, num_layers=1, seed=1, at_step=3)
+    out = tmp_path / "hf"
+    export(with_w_out, out)
+    stale_dense = tmp_path / "stale_dense"
+    shutil.copytree(out / "2_Dense", stale_dense)
+    export(without, out)
+    assert not (out / "2_Dense").exists() and not (out / "3_Normalize").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "hf", "stale_dense"]
+    assert json.loads((out / "caliber_export.json").read_text())["step"] == 3
+    assert Embedder.from_pretrained(out).dim == 384
+    shutil.copytree(stale_dense, out / "2_Dense")  # a leftover that modules.json does not list
+    assert embedding.read_spec(out).out_dim is None
+    assert Embedder.from_pretrained(out).dim == 384
+
+
+def test_an_export_cut_short_leaves_the_previous_one_untouched(minilm_dir, tmp_path, monkeypatch):
+    """An export that fails after writing its files (before DONE_FILE) changes nothing in the
+    output: the previous export stays whole, finished by its own marker, and the half-written
+    one is removed."""
+    from caliber_jax import export as export_module
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, _, _ = make_workdir(tmp_path / "a", minilm_dir, num_layers=1)
+    second, _, _ = make_workdir(tmp_path / "b", minilm_dir, num_layers=1, seed=1, at_step=3)
+    out = export(first, tmp_path / "hf")
+    before = {p.relative_to(out): p.read_bytes() for p in Path(out).rglob("*") if p.is_file()}
+    save_pretrained = embedding.save_pretrained
+
+    def crash_after_writing(*args, **kwargs):
+        save_pretrained(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module.embedding, "save_pretrained", crash_after_writing)
+    with pytest.raises(KeyboardInterrupt):
+        export(second, out)
+    after = {p.relative_to(out): p.read_bytes() for p in Path(out).rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "hf"]
+
+
+def test_export_refuses_to_replace_a_directory_that_holds_no_export(minilm_dir, tmp_path):
+    """An export replaces its output whole, so an output that is not empty and holds no export
+    (here the training workdir itself) is an error, and stays as it was."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    contents = sorted(p.name for p in workdir.iterdir())
+    with pytest.raises(ValueError, match=r"run is not empty and holds no export"):
+        export(workdir, workdir)
+    assert sorted(p.name for p in workdir.iterdir()) == contents
+    (tmp_path / "empty").mkdir()
+    assert (export(workdir, tmp_path / "empty") / "caliber_export.json").is_file()
+
+
+def test_copy_to_a_remote_output_writes_the_marker_last(tmp_path, monkeypatch):
+    """`_copy_tree` (the copy to gs:// and other stores without rename) copies caliber_export.json
+    after every other file, whatever order the folder lists its files in."""
+    from etils import epath
+
+    from caliber_jax.export import DONE_FILE, _copy_tree
+
+    source = tmp_path / "local"
+    (source / "2_Dense").mkdir(parents=True)
+    for name in (DONE_FILE, "config.json", "model.safetensors", "2_Dense/model.safetensors"):
+        (source / name).write_text(name)
+    path_type = type(epath.Path(source))
+    iterdir, copy = path_type.iterdir, path_type.copy
+    # The marker first, as a store may list it.
+    monkeypatch.setattr(
+        path_type, "iterdir", lambda self: sorted(iterdir(self), key=lambda p: p.name != DONE_FILE)
+    )
+    copied = []
+
+    def recording_copy(self, destination, **kwargs):
+        copied.append(str(Path(destination).relative_to(tmp_path / "remote")))
+        return copy(self, destination, **kwargs)
+
+    monkeypatch.setattr(path_type, "copy", recording_copy)
+    _copy_tree(epath.Path(source), epath.Path(tmp_path / "remote"))
+    assert sorted(copied) == sorted(
+        [DONE_FILE, "config.json", "model.safetensors", "2_Dense/model.safetensors"]
+    )
+    assert copied[-1] == DONE_FILE

@@ -5,7 +5,6 @@ differs from the encoder width. Legend: B batch, T tokens, D encoder width, E ou
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +171,26 @@ def _read_pooling(model_dir: Path) -> str:
     return pooling
 
 
+def _holds_dense(model_dir: str | Path) -> bool:
+    """Whether the directory's W_out (`DENSE_DIR`) is part of its model: in a sentence-transformers
+    directory only when modules.json lists it (an unlisted one is a leftover nothing loads)."""
+    model_dir = Path(model_dir)
+    if not st_layout.is_sentence_transformers_dir(model_dir):
+        return (model_dir / DENSE_DIR).is_dir()
+    listed = st_layout.module_paths(model_dir, "Dense")
+    if listed not in ([], [DENSE_DIR]):
+        raise ValueError(
+            f"{model_dir}/modules.json: Dense modules at {listed}; the Flax encoders read at "
+            f"most one, at {DENSE_DIR!r}"
+        )
+    return bool(listed)
+
+
 def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
     path = model_dir / DENSE_DIR / "config.json"
-    if not path.is_file():
+    if not _holds_dense(model_dir) or not path.is_file():
         return None
-    conf = json.loads(path.read_text())
+    conf = st_layout.read_json(path)
     activation = conf.get("activation_function", "torch.nn.modules.linear.Identity")
     if not activation.endswith("Identity"):
         raise ValueError(f"{path}: activation_function={activation!r}, only Identity is supported")
@@ -214,9 +228,8 @@ def abstract_model(
 
 def has_new_w_out(model_dir: str | Path, spec: ModelSpec) -> bool:
     """True when `spec` has a W_out that `model_dir` does not hold (it starts from an init)."""
-    return (
-        spec.out_dim is not None
-        and not (Path(model_dir) / DENSE_DIR / "model.safetensors").is_file()
+    return spec.out_dim is not None and not (
+        _holds_dense(model_dir) and (Path(model_dir) / DENSE_DIR / "model.safetensors").is_file()
     )
 
 

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from caliber_jax.models import bert, mpnet, qwen3
+from caliber_jax.models import bert, mpnet, qwen3, st_layout
 
 # (HF name template, our path template, transform). `{i}` stands for a layer index.
 QWEN3_TABLE = (
@@ -132,7 +132,7 @@ def load_config(model_dir: str | os.PathLike) -> tuple[str, Any, dict[str, Any]]
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
-    raw = json.loads(path.read_text())
+    raw = st_layout.read_json(path)
     family = raw.get("model_type")
     if family not in FAMILIES:
         raise ValueError(f"{path}: model_type={family!r}, supported: {sorted(FAMILIES)}")
@@ -151,20 +151,24 @@ def with_num_layers(config: Any, num_layers: int | None) -> Any:
 
 
 def read_safetensors(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of `model.safetensors` or of a sharded `model.safetensors.index.json`."""
+    """All tensors of `model.safetensors` or of a sharded `model.safetensors.index.json`; a file
+    that cannot be read (truncated, not safetensors) is a ValueError naming it."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = sorted(set(st_layout.read_json(index)["weight_map"].values()))
     elif (model_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
         raise FileNotFoundError(f"{model_dir}: neither model.safetensors nor its index is present")
     tensors = {}
     for name in files:
-        with safe_open(model_dir / name, framework="numpy") as handle:
-            for key in handle.keys():
-                tensors[key] = handle.get_tensor(key)
+        try:
+            with safe_open(model_dir / name, framework="numpy") as handle:
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except SafetensorError as error:
+            raise ValueError(f"{model_dir / name}: cannot be read ({error})") from error
     return tensors
 
 

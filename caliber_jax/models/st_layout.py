@@ -1,8 +1,10 @@
 """The sentence-transformers directory layout (`modules.json`, `1_Pooling/config.json`), read
-without jax or torch, for the Flax encoders and the PyTorch backend alike."""
+without jax or torch, for the Flax encoders and the PyTorch backend alike; and `read_json`, which
+every JSON file of a model directory is read through."""
 
 import json
 from pathlib import Path
+from typing import Any
 
 # sentence-transformers Pooling flags -> our pooling names.
 POOLING_FLAGS = {
@@ -15,9 +17,32 @@ POOLING_FLAGS = {
 }
 
 
+def read_json(path: str | Path) -> Any:
+    """The parsed JSON file at `path`; a file that is not JSON is a ValueError naming it and the
+    place it goes wrong, in one line."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}: not valid JSON ({error.msg} at line {error.lineno} column {error.colno})"
+        ) from error
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}: not valid JSON (not UTF-8 text at byte {error.start})"
+        ) from error
+
+
 def is_sentence_transformers_dir(model_dir: str | Path) -> bool:
     """True when the directory holds a sentence-transformers pipeline (`modules.json`)."""
     return (Path(model_dir) / "modules.json").is_file()
+
+
+def module_paths(model_dir: str | Path, kind: str) -> list[str]:
+    """The paths (relative to `model_dir`) of the modules of type `kind` ("Pooling", "Dense")
+    that `modules.json` lists, in pipeline order: the only ones sentence-transformers loads."""
+    modules = read_json(Path(model_dir) / "modules.json")
+    return [m["path"] for m in modules if m["type"].endswith(f"models.{kind}")]
 
 
 def read_st_pooling(model_dir: str | Path) -> str:
@@ -25,13 +50,12 @@ def read_st_pooling(model_dir: str | Path) -> str:
     POOLING_FLAGS' names; several modes at once (concatenated by sentence-transformers) or none is
     an error naming the file."""
     model_dir = Path(model_dir)
-    modules = json.loads((model_dir / "modules.json").read_text())
-    for module in modules:
-        if module["type"].endswith("models.Pooling"):
-            config_path = model_dir / module["path"] / "config.json"
-            config = json.loads(config_path.read_text())
-            modes = [name for flag, name in POOLING_FLAGS.items() if config.get(flag)]
-            if len(modes) != 1:
-                raise ValueError(f"{config_path}: expected one pooling mode, found {modes}")
-            return modes[0]
-    raise ValueError(f"{model_dir}/modules.json: no sentence_transformers Pooling module")
+    listed = module_paths(model_dir, "Pooling")
+    if not listed:
+        raise ValueError(f"{model_dir}/modules.json: no sentence_transformers Pooling module")
+    config_path = model_dir / listed[0] / "config.json"
+    config = read_json(config_path)
+    modes = [name for flag, name in POOLING_FLAGS.items() if config.get(flag)]
+    if len(modes) != 1:
+        raise ValueError(f"{config_path}: expected one pooling mode, found {modes}")
+    return modes[0]
