@@ -134,7 +134,9 @@ def _write_export(workdir: epath.Path, output: epath.Path, *, step: int | None,
         flat,
         tokenizer=tokenizer,
         max_seq_length=config.data.max_length,
-        query_prompt=query_prompt,
+        # The instruction as `evaluate --query_prompt` takes it; sentence-transformers prepends
+        # the prompt to the query, so it records Qwen3's "Instruct: ...\nQuery:" prefix.
+        query_prompt=tokenization.format_query("", query_prompt) if query_prompt else None,
         passthrough=passthrough,
     )
     if dtype != "float32":  # the params (and any blend) stay float32 until here: one rounding
@@ -259,7 +261,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("workdir", None, "Training run directory (has config.json).", required=True)
     flags.DEFINE_string("output", None, "Directory to write the HF model to.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-    flags.DEFINE_string("query_prompt", None, "sentence-transformers 'query' prompt to record.")
+    flags.DEFINE_string("query_prompt", None, "Instruction for retrieval queries, as evaluate's "
+                        "--query_prompt: recorded as the sentence-transformers 'query' prompt "
+                        "'Instruct: {instruction}\\nQuery:'.")  # fmt: skip
     flags.DEFINE_float(
         "interpolate", None, "Blend alpha * trained + (1 - alpha) * initial weights (WiSE-FT)."
     )

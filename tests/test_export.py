@@ -102,6 +102,21 @@ def test_bert_student_loads_in_torch_and_sentence_transformers(minilm_dir, tmp_p
     assert not info["missing_keys"] and not info["unexpected_keys"], info
 
 
+def test_query_prompt_is_the_instruction_evaluate_takes(minilm_dir, tmp_path):
+    """`--query_prompt` means one thing in evaluate and export: the instruction. The shipped
+    model's sentence-transformers "query" prompt encodes a query as the evaluation did
+    (`Embedder.encode(query_task=...)`, Qwen3's "Instruct: ...\nQuery:" format)."""
+    task = "Given a financial question, retrieve the filing passage that answers it"
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=2)
+    out = export(workdir, tmp_path / "hf", query_prompt=task)
+    prompts = json.loads((out / "config_sentence_transformers.json").read_text())["prompts"]
+    assert prompts == {"query": f"Instruct: {task}\nQuery:", "document": ""}
+    model = SentenceTransformer(str(out), device="cpu")
+    shipped = model.encode(TEXTS[:2], prompt_name="query", convert_to_numpy=True)
+    evaluated = Embedder.from_pretrained(out).encode(TEXTS[:2], query_task=task)
+    np.testing.assert_allclose(shipped, evaluated, atol=1e-5, rtol=0)
+
+
 def test_cls_pooled_student_exports_its_pooling(minilm_dir, tmp_path):
     """A student trained with [CLS] pooling (a BGE-style BERT) exports a Pooling module that
     sentence-transformers runs as CLS, and reads back as "cls"."""
