@@ -33,6 +33,7 @@ from caliber_jax import (
     checkpoint,
     cli,
     host,
+    metrics_log,
     optim,
     paths,
     sharding,
@@ -601,7 +602,7 @@ def _train(
 
         # tensorboardX writes gs:// and s3:// logdirs itself.
         writer = (
-            MetricsWriter(workdir, tensorboard=config.get("tensorboard", True))
+            MetricsWriter(workdir, tensorboard=config.get("tensorboard", True), start=start)
             if jax.process_index() == 0
             else None
         )
@@ -751,8 +752,10 @@ class MetricsWriter:
     launch, which the CPU demo does without.
     """
 
-    def __init__(self, workdir: epath.Path, *, tensorboard: bool):
+    def __init__(self, workdir: epath.Path, *, tensorboard: bool, start: int = 0):
         self.log = workdir / "metrics.jsonl"
+        # Resumed at step `start`: the rows logged after its checkpoint are logged again.
+        metrics_log.trim_after(self.log, last_step=start)
         self.tensorboard = None
         if tensorboard:
             from tensorboardX import SummaryWriter  # writes gs:// and s3:// logdirs itself

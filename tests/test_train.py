@@ -92,6 +92,17 @@ def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
     assert (workdir / "summary.json").read_text() == summary
     assert json.loads(summary)["steps_run"] == 6 - steps[-1]
 
+    # One metrics row per step, as the straight run logs them: the rows the killed run wrote
+    # after its last checkpoint are replaced, not repeated, and the losses are the same.
+    def rows_of(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    rows, rows_straight = rows_of(workdir), rows_of(tmp_path / "straight")
+    assert [row["step"] for row in rows] == [row["step"] for row in rows_straight]
+    assert [row.get("train/loss") for row in rows] == [
+        row.get("train/loss") for row in rows_straight
+    ]
+
     a, step_a = checkpoint.restore_params(tmp_path / "straight" / "checkpoints")
     b, step_b = checkpoint.restore_params(workdir / "checkpoints")
     assert step_a == step_b == 6

@@ -8,7 +8,6 @@ stopped), and a resolved `config.json` in the workdir, so `export.export` writes
 
 import functools
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from caliber_jax import checkpoint, optim, sharding, step, tokenization
+from caliber_jax import checkpoint, metrics_log, optim, sharding, step, tokenization
 from caliber_jax.embedder import resolve_dtype
 from caliber_jax.models import embedding, hf
 
@@ -132,20 +131,6 @@ def write_resolved_config(
         },
         workdir / "config.json",
     )
-
-
-def trim_metrics(path: Path, *, last_step: int) -> None:
-    """Drops the rows of the metrics log `path` past `last_step` (and a torn last line),
-    rewriting it atomically: a run resumed from the checkpoint of `last_step` replays the
-    steps after it and writes their rows again."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= last_step]
-    if len(kept) < len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, path)
 
 
 def make_optimizer(
@@ -319,7 +304,7 @@ def train_triplets(
     elif (workdir / "val_before.json").exists():
         summary.update(json.loads((workdir / "val_before.json").read_text()))
     started = time.perf_counter()
-    trim_metrics(workdir / "metrics.jsonl", last_step=start)
+    metrics_log.trim_after(workdir / "metrics.jsonl", last_step=start)
     with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as log:
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
