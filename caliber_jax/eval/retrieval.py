@@ -106,6 +106,8 @@ def mean_metrics(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, floa
     5 decimals, MRR unrounded)."""
     means = {}
     for metric, values in per_query.items():
+        if not values:  # pytrec_eval scores only queries with a relevant document
+            raise ValueError(f"{metric}: no query has a relevant document (every qrels is empty)")
         mean = sum(values.values()) / len(values)
         means[metric] = mean if metric.startswith("mrr_") else round(mean, 5)
     return means

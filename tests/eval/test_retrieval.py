@@ -69,6 +69,9 @@ def test_per_query_metrics_hand_computed_and_averaged():
     # q4 (in qrels, not in the run) has no value, like MTEB leaves it out of the mean.
     assert all(set(values) == {"q1", "q2", "q3"} for values in per_query.values())
     assert retrieval.mean_metrics(per_query) == retrieval.retrieval_metrics(QRELS, RUN, (2, 4))
+    # No query with a relevant document: one line saying so, not a division by zero.
+    with pytest.raises(ValueError, match="no query has a relevant document"):
+        retrieval.mean_metrics({"ndcg_at_4": {}})
 
 
 def test_ties_follow_doc_id_not_insertion_order():
