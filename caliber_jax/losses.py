@@ -7,7 +7,7 @@ float32 whatever the input dtype. Shapes: B batch, D embedding dim.
 import jax
 import jax.numpy as jnp
 
-_REDUCTIONS = ("batch", "per_term")
+REDUCTIONS = ("batch", "per_term")
 
 
 def safe_norm(x: jax.Array) -> jax.Array:
@@ -210,8 +210,8 @@ def calibration_loss(
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective={objective!r}; expected one of {OBJECTIVES}")
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}; expected one of {_REDUCTIONS}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; expected one of {REDUCTIONS}")
     if s_x.ndim != 2 or not s_x.shape == s_px.shape == t_x.shape == t_px.shape:
         raise ValueError(
             "expected four [B, D] arrays of one shape, got "

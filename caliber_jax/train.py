@@ -33,6 +33,7 @@ from caliber_jax import (
     checkpoint,
     cli,
     host,
+    losses,
     metrics_log,
     optim,
     paths,
@@ -306,12 +307,23 @@ def start_w_out(
 
 
 def total_steps(config: ml_collections.ConfigDict, num_rows: int) -> int:
-    if config.total_steps:
-        return config.total_steps
-    per_epoch = pipeline.batches_per_epoch(
-        num_rows, batch_size=config.batch_size, drop_remainder=config.data.drop_remainder
-    )
-    return int(np.ceil(config.num_epochs * per_epoch))
+    """The run's micro-batches: `config.total_steps`, else `num_epochs` of `num_rows`, cut to
+    whole optimizer updates of `optim.accum_steps` micro-batches (a remainder would be
+    accumulated and never applied; a line says so). Fewer than one update is an error."""
+    steps = config.total_steps
+    if not steps:
+        per_epoch = pipeline.batches_per_epoch(
+            num_rows, batch_size=config.batch_size, drop_remainder=config.data.drop_remainder
+        )
+        steps = int(np.ceil(config.num_epochs * per_epoch))
+    accum = config.optim.accum_steps
+    if steps < accum:
+        raise ValueError(f"config.optim.accum_steps={accum}: the run has {steps} micro-batches, "
+                         f"less than one optimizer update")  # fmt: skip
+    if steps % accum and jax.process_index() == 0:
+        print(f"[caliber_jax] {steps} micro-batches cut to {steps - steps % accum}: whole "
+              f"updates of optim.accum_steps={accum}", file=sys.stderr)  # fmt: skip
+    return steps - steps % accum
 
 
 def host_device() -> jax.Device:
@@ -487,9 +499,41 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         stall.close()
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Raises one ValueError naming the field for a config the run would otherwise stop on
+    later (a division by zero at the first log, a loss setting found only when the step is
+    traced, after the weights and inputs are loaded)."""
+    for field in ("log_every", "checkpoint_every", "eval_every", "optim.accum_steps"):
+        value = config
+        for part in field.split("."):
+            value = value[part]
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"config.{field}={value!r}: expected an integer >= 1")
+    loss = config.loss
+    choices = {"objective": losses.OBJECTIVES, "reduction": losses.REDUCTIONS}
+    for field, allowed in choices.items():
+        if loss.get(field, allowed[0]) not in allowed:
+            raise ValueError(f"config.loss.{field}={loss[field]!r}: expected one of {allowed}")
+    if loss.get("contrastive_weight", 0.0) and not loss.get("contrastive_temperature", 0.05) > 0:
+        raise ValueError(f"config.loss.contrastive_temperature="
+                         f"{loss.contrastive_temperature!r}: expected > 0")  # fmt: skip
+
+
+def check_source(config: ml_collections.ConfigDict, source: pipeline.TrainSource) -> None:
+    """The "neighbour" objective needs each training passage's neighbour: without them its
+    hinge covers no row and the run would train the alignment alone, logging num = 0."""
+    if config.loss.get("objective", "caliber") == "neighbour" and source.neighbours is None:
+        raise ValueError(
+            f"config.loss.objective='neighbour' needs a neighbour per training passage: "
+            f"{source.passages_path} has no 'neighbour' field (prepare it with "
+            f"config.prepare.neighbour_k > 0)"
+        )
+
+
 def _train(
     config: ml_collections.ConfigDict, workdir: str, stall: watchdog.StepWatchdog
 ) -> dict[str, float]:
+    check_config(config)
     workdir = paths.as_path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
@@ -506,6 +550,7 @@ def _train(
     )
 
     train_source = make_source(config, "train", dim)
+    check_source(config, train_source)
     # Logged once the inputs are found, so a missing input stays a one-line error.
     if jax.process_index() == 0:
         print(f"[caliber_jax] {path.describe()}", file=sys.stderr)
@@ -665,6 +710,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 bar.set_postfix(
                     loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}"
                 )
+            paused = time.perf_counter()  # validation and saves are not training throughput
             if val_factory is not None and (step_num % config.eval_every == 0 or step_num == steps):
                 with jax.transfer_guard("allow"), stall.phase("validation"):
                     val = evaluate(eval_fn, state.params, val_factory, mesh)
@@ -673,6 +719,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
             if must_save:
                 with jax.transfer_guard("allow"), stall.phase("checkpoint save"):
                     checkpoint.save(manager, step_num, state, data_iter, force=True)
+            window_start += time.perf_counter() - paused
             stall.step_done(step_num)
             bar.update(1)
             if stop:

@@ -387,3 +387,61 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
     np.testing.assert_allclose(
         dense["linear.weight"], w_out_init.load(fitted)["dense.kernel"].T, atol=1e-7
     )
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("log_every", 0, "config.log_every=0: expected an integer >= 1"),
+     ("checkpoint_every", 0, "config.checkpoint_every=0"),
+     ("eval_every", 0, "config.eval_every=0"),
+     ("optim.accum_steps", 0, "config.optim.accum_steps=0"),
+     ("loss.objective", "neighbor", "config.loss.objective='neighbor': expected one of"),
+     ("loss.reduction", "mean", "config.loss.reduction='mean'"),
+     ("loss.contrastive_temperature", 0.0, "config.loss.contrastive_temperature=0.0")],
+)  # fmt: skip
+def test_a_config_the_run_would_stop_on_later_is_one_line_first(field, value, message):
+    """Zero where the loop divides by it, or a loss setting read only when the step is traced:
+    refused before any weight is read, naming the field."""
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    config = caliber.get_config()
+    config.loss.contrastive_weight = 1.0
+    train_lib.check_config(config)  # the shipped config passes
+    node, _, name = field.rpartition(".")
+    (config[node] if node else config)[name] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_lib.check_config(config)
+
+
+def test_neighbour_objective_without_neighbours_is_refused(tmp_path):
+    """Without a "neighbour" per training passage the neighbour hinge covers no row: the run
+    would train the alignment alone and log num = 0. It is refused, naming both fields."""
+    from types import SimpleNamespace
+
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    config = caliber.get_config()
+    source = SimpleNamespace(neighbours=None, passages_path=tmp_path / "train.jsonl")
+    train_lib.check_source(config, source)  # "caliber" needs none
+    config.loss.objective = "neighbour"
+    with pytest.raises(ValueError, match=r"objective='neighbour' needs .*prepare.neighbour_k"):
+        train_lib.check_source(config, source)
+    train_lib.check_source(config, SimpleNamespace(neighbours=np.zeros(4, np.int64)))
+
+
+def test_micro_batches_are_cut_to_whole_updates(capsys):
+    """With accumulation a remainder of micro-batches would be accumulated and never applied:
+    the run trains whole updates and says so; fewer than one update is an error."""
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    config = caliber.get_config()
+    config.optim.accum_steps = 4
+    config.total_steps = 10
+    assert train_lib.total_steps(config, 1000) == 8
+    assert "10 micro-batches cut to 8" in capsys.readouterr().err
+    config.total_steps = 3
+    with pytest.raises(ValueError, match="accum_steps=4: the run has 3 micro-batches"):
+        train_lib.total_steps(config, 1000)
