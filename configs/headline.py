@@ -1,7 +1,7 @@
 """The headline student (issue #37): all-MiniLM-L6-v2 + a fitted W_out, distilled from
 all-mpnet-base-v2 while the numeric objective separates x from pi(x).
 
-    python scripts/study.py --preset headline --seeds 0,1 \
+    python scripts/study.py --preset headline --seeds 0,1 --restore_unverified \
         --filings ../shared/data/financebench/filings.jsonl.gz  # 2,000 steps: CPU days, resumable
     python scripts/study.py --preset headline-verify \
         --filings ../shared/data/financebench/filings.jsonl.gz       # the same at a small size

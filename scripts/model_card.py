@@ -61,13 +61,18 @@ def objective_text(loss: dict) -> str:
 
 def passages_text(config: dict) -> str:
     """How many passages the run trained on: its data directory's record (`stats.json`, the
-    training split, e.g. only those with a mined question) where it is at hand, else the
-    configured sample ("20000 passages")."""
+    training split, e.g. only those with a mined question) where it is at hand. Without it only
+    the configured cap is known (`prepare.max_passages`, which the training split may fall short
+    of, e.g. when only passages with a mined question are kept), so the card gives it as a bound,
+    not a count (the run's config, metrics and summary do not record the count)."""
     stats = Path(config.get("data", {}).get("dir") or "/nonexistent") / "stats.json"
     count = json.loads(stats.read_text()).get("train_passages") if stats.is_file() else None
-    if count is None:
-        return f"{config.get('prepare', {}).get('max_passages')} passages"
-    return f"{count:,} training passages"
+    if count is not None:
+        return f"{count:,} training passages"
+    cap = config.get("prepare", {}).get("max_passages")
+    if not cap:
+        return "passages (their count was not recorded)"
+    return f"at most {cap:,} passages (prepare.max_passages; the prepared count was not at hand)"
 
 
 def data_clause(prepare: dict) -> str:
@@ -134,17 +139,26 @@ def start_clause(config: dict) -> str:
     )
 
 
+def marked(results: dict, label: str) -> str:
+    """`label` as the study's tables write it: with `provenance.mark`'s suffix where its results
+    were restored from a record rather than measured by the study."""
+    return label + provenance.mark(results.get(label, {}))
+
+
 def retrieval_clause(results: dict, label: str, others: Sequence[str]) -> str:
     """The first limitation: this model's FinanceBench nDCG@10 against each of `others` that has
-    one, as measured (better or worse), so the card never implies a gain it did not show."""
+    one, as measured (better or worse), so the card never implies a gain it did not show; a
+    restored model is marked as in the study's tables."""
 
     def ndcg(name: str):
         return results.get(name, {}).get("financebench", {}).get("ndcg_at_10")
 
     mine = ndcg(label)
-    parts = [f"{'above' if mine > ndcg(o) else 'below'} {o} ({ndcg(o):.4f})"
+    if mine is None:
+        return ""
+    parts = [f"{'above' if mine > ndcg(o) else 'below'} {marked(results, o)} ({ndcg(o):.4f})"
              for o in others if ndcg(o) is not None and o != label]  # fmt: skip
-    if mine is None or not parts:
+    if not parts:
         return ""
     return (f"- Retrieval: FinanceBench nDCG@10 {mine:.4f}, " + ", ".join(parts) + " (150 "
             "questions: see the study's paired tests before reading a difference of a few "
@@ -158,9 +172,11 @@ def _cell(value) -> str:
 
 def evaluation_tables(results: dict, labels: Sequence[str]) -> str:
     """FinanceBench (all eight metrics) and NumGap-D/M (overall and per category), one column
-    per model of `labels` that `results` holds."""
+    per model of `labels` that `results` holds, its header marked where the model's results were
+    restored from a record (`marked`)."""
     labels = [label for label in labels if label in results]
-    head = "| metric | " + " | ".join(labels) + " |\n|" + " --- |" * (len(labels) + 1) + "\n"
+    names = [marked(results, label) for label in labels]
+    head = "| metric | " + " | ".join(names) + " |\n|" + " --- |" * (len(labels) + 1) + "\n"
     rows = [
         f"| FinanceBench {metric} | "
         + " | ".join(_cell(results[label].get("financebench", {}).get(metric)) for label in labels)
@@ -244,7 +260,7 @@ space for semantic search over financial text.
 - **Similarity Function:** Cosine Similarity
 - **Modules:** {architecture}
 - **Label in the study:** {label}
-- **Made by:** commit {commit}, evaluated {date}
+- **Made by:** commit {commit}, evaluated {date}{provenance.mark(mine)}
 
 ## Usage
 

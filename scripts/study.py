@@ -232,8 +232,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--restore_unverified", action="store_true",
-        help="(--preset mpnet, mpnet-long) also restore records whose config or data hash was "
-        "never recorded (marked 'provenance unknown')",
+        help="(--preset mpnet, mpnet-long, and the full-size headline reports' recorded rows) "
+        "also restore records whose config or data hash was never recorded (marked 'provenance "
+        "unknown')",
     )  # fmt: skip
     parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
@@ -366,19 +367,20 @@ def main() -> None:
         f"{table}\n\n## Wall-clock (s, this machine)\n\n| stage | seconds |\n| --- | --- |\n"
         f"{timing}\n"
     )
-    (out / "study.md").write_text(report)
-    (out / "study.json").write_text(
-        json.dumps({"results": results, "times": times, "data": config}, indent=2)
+    evaluate.write_text_atomic(out / "study.md", report)
+    evaluate.write_text_atomic(
+        out / "study.json",
+        json.dumps({"results": results, "times": times, "data": config}, indent=2),
     )
     if args.results_md:
-        Path(args.results_md).write_text(report)
+        evaluate.write_text_atomic(args.results_md, report)
     print("\n" + report)
     print("figures: " + ", ".join(str(f) for f in figures))
     for line in provenance.summary_lines(results, prefix="study"):
         print(line)
     if args.preset in ("demo", "smoke"):  # smoke: the demo's path, cut down for the tests
         table = before_after_table(results)
-        (out / "before_after.md").write_text(table)
+        evaluate.write_text_atomic(out / "before_after.md", table)
         print("\n" + DEMO_HEADING + "\n\n" + table + "\n" + DEMO_EPILOGUE)
 
 

@@ -170,6 +170,26 @@ def student_label(seed: int, *, verify: bool) -> str:
     return f"Headline lp {'verify' if verify else 'long'} s{seed}"
 
 
+def recorded_row_refusal(directory: Path, *, data: str, restore_unverified: bool) -> str | None:
+    """Why the recorded results of another model in `directory` must not join this report, or
+    None: each file's evaluation data must be this run's (`data`, `provenance.data_hash` of the
+    FinanceBench and NumGap files); a hash never recorded passes only with `restore_unverified`
+    (`provenance.check`'s rule; the row is marked restored either way). The config is that
+    model's own, so it is not compared."""
+    for path in sorted(directory / name for name in TASK_FILES):
+        if not path.is_file():
+            continue
+        block = json.loads(path.read_text()).get(KEY) or {}
+        recorded = block.get("data_hash", provenance.UNKNOWN)
+        if recorded == provenance.UNKNOWN and not restore_unverified:
+            return (f"{path.name}: data hash unknown (recorded at commit "
+                    f"{block.get('commit', provenance.UNKNOWN)} before hashes were kept); "
+                    f"--restore_unverified restores it, marked 'provenance unknown'")  # fmt: skip
+        if recorded not in (provenance.UNKNOWN, data):
+            return f"{path.name}: scored on other data (data hash {recorded}, this run {data})"
+    return None
+
+
 def load_results(directory: Path, *, restored: bool = False) -> dict:
     """A model's results files (one per task group) merged into one row, per-query values too,
     with each file's provenance block kept under its task group. `restored`: the files are
@@ -234,9 +254,7 @@ def add_times(state_path: Path, times: dict[str, float]) -> None:
     for stage, seconds in times.items():
         total[stage] = round(total.get(stage, 0.0) + seconds, 1)
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state_path.with_name(state_path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(state_path)
+    evaluate.write_text_atomic(state_path, json.dumps(state, indent=2))
 
 
 def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path | None,
@@ -316,7 +334,11 @@ class StudyGraph:
         workdir is not part of a config): that run's files are hard-linked into `workdir`, its
         export left out, so a pilot's candidate is not trained again as the seed the choice
         names. The same code and data are assumed, as for a rerun that finds its own summary."""
-        finished = sorted([*self.out.glob("*/summary.json"), *self.out.glob("*/*/summary.json")])
+        finished = sorted(
+            path
+            for path in [*self.out.glob("*/summary.json"), *self.out.glob("*/*/summary.json")]
+            if not path.parent.name.endswith(".adopting")
+        )  # an adoption cut short
         if workdir.exists() or not finished:
             return False
         config = resolve_config([a for a in argv if a.startswith("--config")])
@@ -431,7 +453,7 @@ def run_pilots(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     report = (f"# Headline pilots: {PILOT_STEPS} steps, NumGap **dev** ({len(records)} records)"
               f" and FinanceBench, 256 tokens\n\n{evaluate.format_markdown(results)}\n\n"
               f"## NumGap-D per rule (dev)\n\n{rules}\n")  # fmt: skip
-    (pilots / "pilots.md").write_text(report)
+    evaluate.write_text_atomic(pilots / "pilots.md", report)
     record_file(pilots / "pilots.md", out, record)
     print(report)
     for line in provenance.summary_lines(results, prefix="pilots"):
@@ -503,7 +525,13 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
 
     results = {}
     if not verify:
+        eval_data = provenance.data_hash([args.financebench, numgap_path])
+        unverified = getattr(args, "restore_unverified", False)
         for label, directory in {**RECORDED_ROWS, **LATE800_ROWS}.items():
+            refused = recorded_row_refusal(directory, data=eval_data, restore_unverified=unverified)
+            if refused:
+                print(f"headline: the recorded row {label} not restored: {refused}", flush=True)
+                continue
             results[label] = load_results(directory, restored=True)
     for directory in sorted(results_dir.iterdir()) if results_dir.is_dir() else []:
         row = load_results(directory)
@@ -527,8 +555,10 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
     report = (f"{table}\n\n## NumGap-D per rule (test set)\n\n{rules}\n"
               f"## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
               f"{provenance.format_table(results)}")  # fmt: skip
-    (out / "study.md").write_text(report)
-    state_path.write_text(json.dumps({"results": results, "times": times}, indent=2))
+    evaluate.write_text_atomic(out / "study.md", report)
+    evaluate.write_text_atomic(
+        state_path, json.dumps({"results": results, "times": times}, indent=2)
+    )
     for path in (out / "study.md", state_path):
         record_file(path, out, record)
 
@@ -615,7 +645,7 @@ def run_soup(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         f"Share a = 0 is the distilled run, a = 1 the headline run. {summary}\n\n"
         f"{evaluate.format_markdown(dev)}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
-    (soup / "soup.md").write_text(report)
+    evaluate.write_text_atomic(soup / "soup.md", report)
     record_file(soup / "soup.md", out, record)
     print(report)
     for line in provenance.summary_lines(dev, prefix="soup"):
@@ -667,7 +697,7 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         f"{EVAL_MAX_LENGTH} tokens\n\n{summary}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "blend800.md").write_text(report)
+    evaluate.write_text_atomic(folder / "blend800.md", report)
     record_file(folder / "blend800.md", out, record)
     print(report)
     if share is None:
@@ -850,7 +880,7 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
               f"ways, up to {SCALES_DEV_PER_RULE} records a rule, {len(scales_records)} in all; "
               f"read, not used to choose)\n\n{scales_rules}\n")  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mined_pilots.md").write_text(report)
+    evaluate.write_text_atomic(folder / "mined_pilots.md", report)
     record_file(folder / "mined_pilots.md", out, record)
     record_file(scales_dev, out, record)
     add_times(out / "study.json", times)

@@ -13,6 +13,11 @@ import model_card  # noqa: E402
 from caliber_jax.data import perturb  # noqa: E402
 from configs import headline, study_mpnet  # noqa: E402
 
+# The FinanceBench questions the recorded rows were scored on (the studies' default).
+BUNDLED_FINANCEBENCH = (
+    Path(__file__).resolve().parents[1] / "data/sample/financebench_open_source.jsonl.gz"
+)
+
 
 def _flags(argv: list[str]) -> dict[str, str]:
     return dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
@@ -132,7 +137,10 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     assert "| FinanceBench map_at_10 | - | - | - |" in text  # not measured: not made up
     assert "**Steps:** 2000 of batch 32" in text and "commit abc1234" in text
     assert "Transformer -> Pooling -> Dense" in text and "Every model at 256 tokens" in text
-    assert "query-passage geometry" not in text and "20000 passages" in text  # no query term
+    assert "query-passage geometry" not in text  # no query term
+    # No data record at hand: the configured cap is a bound, never stated as the count.
+    assert "**Data:** at most 20,000 passages (prepare.max_passages" in text
+    assert "20000 passages" not in text and "20,000 training passages" not in text
     assert ("- Retrieval: FinanceBench nDCG@10 0.6123, above Initial t384 s0 (0.5557), below "
             "Teacher (0.6609)") in text  # fmt: skip
     # With the run's data record at hand, the count it trained on (the training split).
@@ -196,6 +204,56 @@ def test_model_card_reads_every_number_from_the_recorded_results(tmp_path):
     ).read_text()  # fmt: skip
     assert ("**Weights:** a blend, 0.2 x the weights this run started from + 0.8 x its final "
             "weights") in text  # fmt: skip
+
+
+def test_model_card_marks_the_restored_rows_as_the_study_reports_do(tmp_path):
+    """A start or teacher restored from a record (not measured by this study) carries
+    `provenance.mark` in the card's column header and in the retrieval limitation, as in
+    study.md; a row computed now stays plain."""
+    from caliber_jax import provenance
+
+    hf = tmp_path / "run" / "hf"
+    hf.mkdir(parents=True)
+    (hf / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense"}]))
+    (hf / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+    config = headline.get_config("minednum")
+    config.data.dir = str(tmp_path / "data")  # no record: the Data line gives the cap as a bound
+    (tmp_path / "run" / "config.json").write_text(config.to_json_best_effort())
+
+    def row(ndcg, block):
+        return {"financebench": {"ndcg_at_10": ndcg}, "numgap": {"overall": {"D": 0.2, "n": 5}},
+                "provenance": block}  # fmt: skip
+
+    now = {"commit": "22f4a6e31821", "date": "2026-11-29", "restored": False}
+    unknown = {"commit": "9ae747d", "config_hash": "unknown", "data_hash": "unknown",
+               "restored": True}  # fmt: skip
+    teacher = {"commit": "f1c2aa0", "config_hash": "c" * 16, "data_hash": "d" * 16,
+               "restored": True}  # fmt: skip
+    results = {"Minednum lp long s0": row(0.6288, now),
+               "Initial t384 s0": row(0.5557, {"financebench+mrl": unknown, "numgap": unknown}),
+               "Distill lp long s0": row(0.6472, now), "Teacher": row(0.6609, teacher)}  # fmt: skip
+    text = model_card.write_card(
+        hf, label="Minednum lp long s0", results=results, teacher="Teacher",
+        starts=["Initial t384 s0", "Distill lp long s0"], workdir=hf.parent, numgap_path="n",
+    ).read_text()  # fmt: skip
+    start = "Initial t384 s0" + provenance.mark(results["Initial t384 s0"])
+    assert start == "Initial t384 s0 (restored @9ae747d, provenance unknown)"
+    assert (f"| metric | Minednum lp long s0 | {start} | Distill lp long s0 | "
+            "Teacher (restored @f1c2aa0) |") in text  # fmt: skip
+    assert (f"nDCG@10 0.6288, above {start} (0.5557), below Distill lp long s0 (0.6472), below "
+            "Teacher (restored @f1c2aa0) (0.6609)") in text  # fmt: skip
+    assert "evaluated 2026-11-29\n" in text  # this model's own row, computed now: plain
+    # This model's own results restored from a record: its column and its evaluation line say so.
+    results["Minednum lp long s0"]["provenance"] = {**teacher, "commit": "22f4a6e31821"}
+    text = model_card.write_card(
+        hf, label="Minednum lp long s0", results=results, teacher="Teacher",
+        starts=[], workdir=hf.parent, numgap_path="n",
+    ).read_text()  # fmt: skip
+    assert "| metric | Minednum lp long s0 (restored @22f4a6e31821) | Teacher (restored" in text
+    assert "commit 22f4a6e31821, evaluated unknown (restored @22f4a6e31821)" in text
+    # A model without a FinanceBench result has no retrieval line (and no error).
+    del results["Minednum lp long s0"]["financebench"]
+    assert model_card.retrieval_clause(results, "Minednum lp long s0", ["Teacher"]) == ""
 
 
 def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
@@ -283,11 +341,20 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
         config=headline.get_config().to_json_best_effort(), summary=json.dumps({"step": 2000}),
     )  # fmt: skip
 
+    # The recorded rows join on the evaluation data they were scored on (the bundled
+    # FinanceBench questions, the long study's NumGap test set); plain MiniLM's was recorded
+    # before the hashes were kept.
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
-                              financebench="fb.jsonl.gz")  # fmt: skip
+                              financebench=str(BUNDLED_FINANCEBENCH))  # fmt: skip
+    study_headline.run_headline(args, fake_run, verify=False)
+    printed = capsys.readouterr().out
+    assert "the recorded row Initial t384 s0 not restored: financebench+mrl.json: data " in printed
+    assert "| Initial t384 s0" not in (out / "study.md").read_text()
+    args.restore_unverified = True
     study_headline.run_headline(args, fake_run, verify=False)
     report = (out / "study.md").read_text()
     printed = capsys.readouterr().out
+    assert "| Initial t384 s0 (restored" in report
     assert "| Teacher (restored @f1c2aa0, provenance unknown) |" in report
     assert "| LEAF lp long s0+s1 (restored @" in report  # a seed mean of restored rows
     assert f"| {label} |" in report and f"| {label} (restored" not in report
@@ -656,7 +723,8 @@ def test_beyond_pairs_the_twins_then_the_phases_and_reports_against_late800(tmp_
         summary=json.dumps({"step": 800}),
     )  # fmt: skip
     args = argparse.Namespace(output=str(out), filings=None, overrides="", record="",
-                              seeds="0,1", financebench="fb.jsonl.gz", jobs=2)  # fmt: skip
+                              seeds="0,1", financebench=str(BUNDLED_FINANCEBENCH), jobs=2,
+                              restore_unverified=True)  # fmt: skip
     fake_graph = FakeGraph(fake_run)
     study_headline.run_phases(args, fake_run, variants=study_headline.BEYOND_PHASES,
                               verify=False, run_graph=fake_graph)  # fmt: skip
@@ -1060,6 +1128,11 @@ def test_graph_adopts_a_finished_run_of_the_same_config(tmp_path, capsys):
     config = resolve_config([*argv, "--config.loss.contrastive_weight=1.0", "--config.seed=0"])
     train.write_config(config, epath.Path(pilot))
     (pilot / "summary.json").write_text("{}")
+    # What an adoption cut short leaves: never a source (it sorts before mined_pilots/).
+    leftover = out / "Minednum_lp_long_s0.adopting"
+    leftover.mkdir()
+    for name in ("config.json", "summary.json"):
+        (leftover / name).write_text((pilot / name).read_text())
 
     graph = study_headline.StudyGraph(out)
     stage, workdir = graph.train("Minednum lp long s0", argv, 0)
@@ -1079,3 +1152,26 @@ def test_graph_adopts_a_finished_run_of_the_same_config(tmp_path, capsys):
         "train Minednum lp long s1", "train Minednum begun"
     ]  # fmt: skip
     assert not (begun / "summary.json").exists()
+
+
+def test_recorded_rows_join_a_report_only_on_its_evaluation_data(tmp_path):
+    """The full-size report's recorded rows (the teacher, plain MiniLM, the long study, Late800)
+    join only when scored on this run's FinanceBench and NumGap files; a record from before the
+    hashes were kept only with --restore_unverified."""
+    import study_headline
+
+    def record(name, data_hash):
+        folder = tmp_path / name
+        folder.mkdir()
+        block = {"commit": "abc", "data_hash": data_hash, "config_hash": "c"}
+        (folder / "numgap.json").write_text(json.dumps({"numgap": {}, "provenance": block}))
+        return folder
+
+    check = study_headline.recorded_row_refusal
+    assert check(record("same", "d1"), data="d1", restore_unverified=False) is None
+    other = check(record("other", "d0"), data="d1", restore_unverified=True)
+    assert other == "numgap.json: scored on other data (data hash d0, this run d1)"
+    old = record("old", "unknown")
+    assert "data hash unknown (recorded at commit abc" in check(old, data="d1",
+                                                              restore_unverified=False)  # fmt: skip
+    assert check(old, data="d1", restore_unverified=True) is None
