@@ -318,18 +318,96 @@ def restore_result(
     return True
 
 
+def stale_result(
+    path: Path,
+    *,
+    config: str | None,
+    data: str,
+    recompute: bool = False,
+    restore_unverified: bool = False,
+) -> str | None:
+    """Why the results JSON at `path` (a run folder's, perhaps left there by an earlier run) must
+    not stand for this run's row with hashes `config` and `data`, or None (it may, or there is no
+    file). One line, for the caller to print.
+
+    Its data hash must be this run's (the evaluator hashes the same evaluation files as the
+    scripts). Its config hash is compared once a script has stamped it (`stamp_result`: then it
+    is the row's); an evaluator's file not yet stamped holds only the evaluator's own settings
+    hash, which a script cannot know beforehand. `config` None: the row's hash is not known here
+    (data only). A file without a provenance block (written before blocks were kept) cannot be
+    checked, so it is stale. A restored one is held to the restore rule (`provenance.check`), and
+    with `recompute` (the user's `--recompute`) it is stale whatever its hashes.
+    """
+    if not path.is_file():
+        return None
+    try:
+        saved = _load_json(path)
+    except ValueError:  # a write cut short by an older, non-atomic writer
+        return "not valid JSON"
+    block = saved.get(provenance.KEY)
+    if not isinstance(block, dict) or not block:
+        return "no provenance block, so which data and config made it cannot be checked"
+    commit = block.get("commit", provenance.UNKNOWN)
+    if block.get("restored"):
+        if recompute:
+            return f"restored from a record (commit {commit}), and --recompute computes it again"
+        own = block.get("config_hash", provenance.UNKNOWN) if config is None else config
+        return provenance.check(saved, config=own, data=data, restore_unverified=restore_unverified)
+    checks = [("data", data)]
+    if config is not None and "eval_config_hash" in block:  # stamped: the row's config hash
+        checks.insert(0, ("config", config))
+    for name, current in checks:
+        value = block.get(f"{name}_hash", provenance.UNKNOWN)
+        if value != current:
+            return f"{name} hash differs (computed {value} at commit {commit}, this run {current})"
+    return None
+
+
+def drop_stale(
+    path: Path,
+    root: Path,
+    *,
+    config: str | None,
+    data: str,
+    who: str,
+    recompute: bool = False,
+    restore_unverified: bool = False,
+) -> bool:
+    """Moves the results JSON at `path` (under `root`) aside to `<name>.stale` when this run must
+    not use it (`stale_result`), with one line saying why, so that it is restored or computed
+    again like a missing one. True when it was moved."""
+    reason = stale_result(
+        path, config=config, data=data, recompute=recompute, restore_unverified=restore_unverified
+    )
+    if reason is None:
+        return False
+    aside = path.with_name(path.name + ".stale")
+    path.replace(aside)
+    print(f"{who}: {path.relative_to(root)} in the run folder not used ({reason}); moved to "
+          f"{aside.name}, to be restored or computed again", flush=True)  # fmt: skip
+    return True
+
+
 def stamp_result(path: Path, *, config: str, data: str) -> dict:
     """Gives the results JSON at `path` (computed by this run) the provenance block a script
     compares on restore: `config` (the script's hash of everything that made the row) replaces
-    the evaluator's own settings hash, which is kept as `eval_config_hash`. Returns the JSON."""
+    the evaluator's own settings hash, which is kept as `eval_config_hash`. A restored result is
+    left as it is. Returns the JSON.
+
+    Raises ValueError for a file this run cannot have computed (`stale_result`: no provenance
+    block, another data hash, or once stamped another config hash): stamping it would pass an
+    older result off as computed now. Callers set such files aside first (`drop_stale`).
+    """
+    reason = stale_result(path, config=config, data=data, restore_unverified=True)
+    if reason is not None:
+        raise ValueError(f"{path}: not this run's result, not stamped: {reason}")
     saved = _load_json(path)
-    block = saved.get(provenance.KEY) or provenance.stamp(config=config, data=data)
+    block = saved[provenance.KEY]
     if block.get("restored"):
         return saved
-    if block.get("config_hash") != config:
+    if "eval_config_hash" not in block:
         block["eval_config_hash"] = block.get("config_hash", provenance.UNKNOWN)
     block.update(config_hash=config, data_hash=data)
-    saved[provenance.KEY] = block
     _write_json_atomic(path, saved)
     return saved
 

@@ -20,8 +20,10 @@ is restored only when every one of its records has this run's config hash (the r
 config and the evaluation arguments, paths by name) and data hash (the bytes of FinanceBench and
 NumGap), and the run names each refused record in one line. Records older than these fields are
 refused unless `--restore_unverified`, then marked "restored, provenance unknown"; `--recompute`
-ignores every record. The tables mark each restored row, and the run ends with the rows
-computed now and those restored.
+ignores every record. A result an earlier run left in the output folder counts as done only
+while its hashes are this run's (and, with `--recompute`, only when computed, not restored):
+else it is moved to `<name>.stale`, with one line, and restored or computed again. The tables
+mark each restored row, and the run ends with the rows computed now and those restored.
 """
 
 import json
@@ -38,6 +40,7 @@ sys.path.insert(0, str(REPO))
 import fetch_mpnet  # noqa: E402  (scripts/ is on sys.path when study.py runs)
 from stages import (  # noqa: E402
     Stage,
+    drop_stale,
     keep_recorded,
     record_file,
     resolve_config,
@@ -257,8 +260,9 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         stats = (
             json.loads((data / "stats.json").read_text()) if (data / "stats.json").is_file() else {}
         )
-        state_path.write_text(
-            json.dumps({"results": results, "times": times, "data": stats}, indent=2)
+        # Atomic: a run killed mid-write must leave a state the next run can resume from.
+        evaluate.write_text_atomic(
+            state_path, json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
         models, paired = with_seed_means(results)
         table = evaluate.format_markdown(models) + paired
@@ -267,7 +271,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
             f"{provenance.format_table(results)}"
         )
-        (out / "study.md").write_text(report)
+        evaluate.write_text_atomic(out / "study.md", report)
         for path in (state_path, out / "study.md"):
             record_file(path, out, record)
 
@@ -315,9 +319,23 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         eval_args = [*eval_common, *teacher_args, tasks]
         return provenance.config_hash({"model": row_configs[label], "eval": eval_args})
 
+    def drop_stale_results(label: str, groups: tuple[str, ...]) -> bool:
+        """Sets aside the results of `label` an earlier run left in the run folder that this run
+        must not use (`stages.stale_result`: another data or config hash, no provenance, or
+        restored when `--recompute`); True when any was."""
+        dropped = [
+            drop_stale(result_path(label, tasks), out, config=config_hash(label, tasks),
+                       data=data_hash, who="study", recompute=recompute,
+                       restore_unverified=restore_unverified)
+            for tasks in groups if result_path(label, tasks).is_file()
+        ]  # fmt: skip
+        return any(dropped)
+
     def restore_model(label: str, groups: tuple[str, ...]) -> bool:
         """Restores every recorded result of `label` when each one's hashes are this run's
         (else none: a model's rows all come from one run); True when all are now present."""
+        if drop_stale_results(label, groups):
+            results.pop(label, None)  # the state's row came from those files: rebuilt from files
         paths = [result_path(label, tasks) for tasks in groups]
         if all(path.is_file() for path in paths):
             return True
@@ -350,6 +368,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
 
     def evaluate_model(label: str, model_args: list[str], tasks: str) -> None:
         path = result_path(label, tasks)
+        drop_stale_results(label, (tasks,))  # its row's keys are replaced by the new file's
         model_dir = Path(model_args[model_args.index("--model") + 1])
         again = path.is_file() and lacks_per_query(path, tasks) and model_dir.exists()
         if not path.is_file() or again:

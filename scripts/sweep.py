@@ -25,8 +25,10 @@ is restored only when its recorded config hash (the resolved config with the poi
 and the evaluation arguments) and data hash (FinanceBench and the NumGap split) are this run's
 (`caliber_jax/provenance.py`); records older than these fields are refused unless
 `--restore_unverified`, then marked "restored, provenance unknown"; `--recompute` ignores every
-record. The table marks restored points, and the run ends with the points computed now and
-those restored.
+record. A point (or test score) an earlier run left in `<output>` is skipped only while its
+hashes are this run's (and, with `--recompute`, only when computed, not restored): else it is
+moved to `<name>.json.stale`, with one line, and restored or computed again. The tables mark
+restored points, and the run ends with the points computed now and those restored.
 """
 
 import argparse
@@ -45,6 +47,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from stages import (  # noqa: E402
     config_value,
+    drop_stale,
     record_file,
     resolve_config,
     restore_result,
@@ -231,6 +234,35 @@ def restore_points(
     return restored
 
 
+def drop_stale_points(
+    out: Path,
+    hashes: Mapping[str, str],
+    data: str,
+    *,
+    recompute: bool,
+    restore_unverified: bool,
+) -> list[str]:
+    """Sets aside every point an earlier run left under `out` (`points/<name>.json`, its
+    `results/<name>.dev.json`) that this run must not use (`stages.stale_result`: a data hash
+    not `data`, a config hash not `hashes[name]` where this code makes the point, no provenance,
+    or restored when `recompute`), one line each, so that it is restored or computed again;
+    returns their names."""
+    names = {path.stem for path in (out / "points").glob("*.json")}
+    names |= {path.name.removesuffix(".dev.json") for path in (out / "results").glob("*.dev.json")}
+    dropped = []
+    for name in sorted(names):
+        options = dict(config=hashes.get(name), data=data, who="sweep", recompute=recompute,
+                       restore_unverified=restore_unverified)  # fmt: skip
+        point, dev = out / "points" / f"{name}.json", out / "results" / f"{name}.dev.json"
+        if drop_stale(point, out, **options):
+            dropped.append(name)
+            if dev.is_file():  # the point's own scores: computed or restored with it again
+                dev.replace(dev.with_name(dev.name + ".stale"))
+        elif drop_stale(dev, out, **options):
+            dropped.append(name)
+    return dropped
+
+
 def load_points(directory: Path) -> list[dict[str, Any]]:
     """Every finished point JSON under `directory`, sorted by name."""
     return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
@@ -289,7 +321,11 @@ def format_test_table(rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, 
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for label, dev, test in rows:
         numgap = test["numgap"]
-        cells = [label, *(f"{numgap[c]['D']:.4f}" if c in numgap else "-" for c in TEST_CATEGORIES),
+        # Restored in part (the dev scores or the test ones): marked as in every other table.
+        shown = label + provenance.mark(
+            {provenance.KEY: {"dev": dev.get(provenance.KEY), "test": test.get(provenance.KEY)}}
+        )
+        cells = [shown, *(f"{numgap[c]['D']:.4f}" if c in numgap else "-" for c in TEST_CATEGORIES),
                  f"{numgap['overall']['M']:.4f}",
                  *(f"{dev['financebench'][m]:.4f}" for m in FB_METRICS)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -419,7 +455,12 @@ def main() -> None:
     dev_data = provenance.data_hash([financebench, data / "numgap_dev.jsonl"])
     test_data = provenance.data_hash([financebench, data / "numgap_test.jsonl"])
     recorded = sorted(p.stem for p in restore_from.glob("points/*.json")) if restore_from else []
-    hashes = point_hashes(recorded, common, common_eval, teacher_dir)
+    present = [p.stem for p in points_dir.glob("*.json")]
+    hashes = point_hashes(sorted({*recorded, *present}), common, common_eval, teacher_dir)
+    # Points an earlier run left here on other data or config (or restored, with --recompute)
+    # are set aside first: then restored, or computed again, like missing ones.
+    drop_stale_points(out, hashes, dev_data, recompute=args.recompute,
+                      restore_unverified=args.restore_unverified)  # fmt: skip
     for name in restore_points(restore_from, out, hashes, dev_data,
                                restore_unverified=args.restore_unverified):  # fmt: skip
         print(f"sweep: {name} restored from {record}", flush=True)
@@ -490,6 +531,9 @@ def main() -> None:
         point = json.loads((points_dir / f"{name}.json").read_text())
         target = out / "results" / f"{name}.test.json"
         config = point_hashes([name], common, common_eval, teacher_dir).get(name, "")
+        drop_stale(target, out, config=config or None, data=test_data, who="sweep",
+                   recompute=args.recompute,
+                   restore_unverified=args.restore_unverified)  # fmt: skip
         restore_result(target, out, restore_from, config=config, data=test_data, who="sweep",
                        restore_unverified=args.restore_unverified)  # fmt: skip
         if not target.exists() and not Path(point["model"]).exists():

@@ -288,3 +288,66 @@ def test_a_stage_a_signal_ends_is_named_and_sigkill_points_at_memory(tmp_path, c
                    cwd=tmp_path, jobs=jobs, log_dir=tmp_path / "logs")  # fmt: skip
     out = capsys.readouterr().out
     assert "killed by SIGTERM" in out and "out-of-memory" not in out
+
+
+def test_stamping_never_passes_an_older_result_off_as_computed_now(tmp_path, capsys):
+    """A results file an earlier run left in the run folder, scored on other data or made
+    without a provenance block, is not stamped with this run's hashes (stamping raises); it is
+    set aside with one line instead, and then restored or computed again like a missing one.
+    A result computed by this run is stamped as before."""
+    from stages import drop_stale, stale_result, stamp_result
+
+    root = tmp_path / "run"
+    other = root / "results" / "M" / "numgap.json"  # the evaluator's own block, data X
+    _result(other, provenance.stamp(config="evalcfg", data="x" * 16))
+    with pytest.raises(ValueError, match="data hash differs"):
+        stamp_result(other, config="rowcfg", data="y" * 16)
+    assert json.loads(other.read_text())["provenance"]["data_hash"] == "x" * 16  # untouched
+    legacy = root / "results" / "M" / "old.json"
+    _result(legacy, None)
+    with pytest.raises(ValueError, match="no provenance block"):
+        stamp_result(legacy, config="rowcfg", data="y" * 16)
+    assert "provenance" not in json.loads(legacy.read_text())
+
+    for path in (other, legacy):
+        assert drop_stale(path, root, config="rowcfg", data="y" * 16, who="t")
+        assert not path.exists() and path.with_name(path.name + ".stale").is_file()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(
+        "t: results/M/numgap.json in the run folder not used (data hash differs (computed "
+    )  # fmt: skip
+    assert "results/M/old.json" in lines[1] and "no provenance block" in lines[1]
+
+    # Computed by this run: stamped with the row's config hash, the evaluator's kept apart; a
+    # rerun accepts it, unless the row's config has changed since.
+    now = root / "results" / "N" / "numgap.json"
+    _result(now, provenance.stamp(config="evalcfg", data="y" * 16))
+    block = stamp_result(now, config="rowcfg", data="y" * 16)["provenance"]
+    assert (block["config_hash"], block["eval_config_hash"], block["restored"]) == (
+        "rowcfg", "evalcfg", False,
+    )  # fmt: skip
+    assert stamp_result(now, config="rowcfg", data="y" * 16)["provenance"] == block
+    assert stale_result(now, config="rowcfg", data="y" * 16) is None
+    assert "config hash differs" in stale_result(now, config="othercfg", data="y" * 16)
+    assert stale_result(now, config=None, data="y" * 16) is None  # row hash unknown: data only
+    assert not drop_stale(now, root, config="rowcfg", data="y" * 16, who="t") and now.is_file()
+    assert not drop_stale(root / "missing.json", root, config="c", data="d", who="t")
+
+
+def test_a_restored_result_in_the_run_folder_is_held_to_the_restore_rule(tmp_path):
+    """A result an earlier run restored stays only while its hashes are this run's (one whose
+    hash was never recorded only with `restore_unverified`), and never with `recompute`."""
+    from stages import stale_result
+
+    path = tmp_path / "results" / "a.json"
+    block = provenance.stamp(config="c" * 16, data="d" * 16)
+    _result(path, {**block, "restored": True})
+    here = dict(config="c" * 16, data="d" * 16)
+    assert stale_result(path, **here) is None
+    assert "data hash differs" in stale_result(path, config="c" * 16, data="e" * 16)
+    assert "--recompute" in stale_result(path, **here, recompute=True)
+    _result(path, {"commit": "010f3d1", "restored": True})  # restored, provenance unknown
+    assert "--restore_unverified" in stale_result(path, **here)
+    assert stale_result(path, **here, restore_unverified=True) is None
+    path.write_text('{"financebench": {"ndcg')  # torn by an older writer
+    assert stale_result(path, **here) == "not valid JSON"

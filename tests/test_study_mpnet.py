@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from caliber_jax import provenance
 from caliber_jax.data import corpus, teacher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,6 +197,11 @@ def _fake_study(monkeypatch, minilm_dir, tmp_path):
                     result["per_query"] = {"financebench": {"ndcg_at_10": values}}
                 if "numgap" in tasks:  # per-record D and M
                     result["per_query"] = {"numgap": {"D": {"0:a": 1, "1:b": 0}, "M": values}}
+                # The evaluator's own block: its settings hash, the evaluation files' data hash.
+                data = [options.get("--financebench"), options.get("--numgap")]
+                result["provenance"] = provenance.stamp(
+                    config="e" * 16, data=provenance.data_hash(data)
+                )
                 out.write_text(json.dumps(result))
             times[stage] = 1.0
 
@@ -476,3 +483,124 @@ def test_wall_times_add_up_resumed_pieces_and_keep_a_redo_apart():
         "train X": 7.0,
         "teacher vectors (run 3)": 4100.0,
     }
+
+
+def test_results_an_earlier_run_left_on_other_data_or_without_provenance_are_not_stamped(
+    minilm_dir, tmp_path, monkeypatch, capsys
+):
+    """A run folder's result scored on other data, or without a provenance block, is never
+    stamped with this run's hashes (nor then recorded): it is set aside with one line and
+    restored from the record or evaluated again."""
+    import argparse
+    import json
+
+    fake_stage, _, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    record, out = tmp_path / "record", tmp_path / "out"
+    args = argparse.Namespace(output=str(out), filings=None, seeds="0",
+                              financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
+    study_mpnet.run_study(args, fake_stage([]))
+    capsys.readouterr()
+    recorded = {name: (record / "results" / name).read_text()
+                for name in ("LEAF_lp_s0/numgap.json", "Teacher/numgap.json")}  # fmt: skip
+
+    def tamper() -> None:
+        for name in recorded:
+            path = out / "results" / name
+            saved = {**json.loads(path.read_text()), "stale": True}
+            if name.startswith("LEAF"):  # scored on another NumGap set, by the evaluator
+                saved["provenance"] = provenance.stamp(config="e" * 16, data="x" * 16)
+            else:  # written before provenance blocks were kept
+                del saved["provenance"]
+            path.write_text(json.dumps(saved))
+
+    tamper()
+    study_mpnet.run_study(args, fake_stage([]))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not used" in line]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("study: results/Teacher/numgap.json in the run folder not used (")
+    assert "no provenance block" in lines[0]
+    assert lines[1].startswith("study: results/LEAF_lp_s0/numgap.json in the run folder not used "
+                               f"(data hash differs (computed {'x' * 16} at commit ")  # fmt: skip
+    for name, text in recorded.items():
+        assert (record / "results" / name).read_text() == text  # the record is not laundered
+        restored = json.loads((out / "results" / name).read_text())
+        assert "stale" not in restored and restored["provenance"]["restored"] is True
+    state = json.loads((out / "study.json").read_text())
+    assert not any("stale" in row for row in state["results"].values())
+
+    # Without a record: evaluated again (the trained student keeps its checkpoint).
+    args.record = ""
+    tamper()
+    again: list[str] = []
+    study_mpnet.run_study(args, fake_stage(again))
+    assert {"evaluate Teacher (numgap)", "evaluate LEAF lp s0 (numgap)"} <= set(again)
+    for name in recorded:
+        block = json.loads((out / "results" / name).read_text())["provenance"]
+        assert block["restored"] is False and block["data_hash"] != "x" * 16
+
+
+def test_recompute_recomputes_the_rows_an_earlier_run_restored(
+    minilm_dir, tmp_path, monkeypatch, capsys
+):
+    """`--recompute` on a run folder whose results an earlier run restored from the record
+    computes every one of them again, and says why."""
+    import argparse
+    import json
+
+    fake_stage, _, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    record = tmp_path / "record"
+    args = argparse.Namespace(output=str(tmp_path / "first"), filings=None, seeds="0",
+                              financebench="fb.jsonl.gz", record=str(record))  # fmt: skip
+    study_mpnet.run_study(args, fake_stage([]))
+    args.output = str(tmp_path / "fresh")
+    study_mpnet.run_study(args, fake_stage([]))  # restores every row
+    assert "study: computed now: none" in capsys.readouterr().out
+    args.recompute = True
+    again: list[str] = []
+    study_mpnet.run_study(args, fake_stage(again))
+    assert sum(stage.startswith("train") for stage in again) == 6
+    out = capsys.readouterr().out
+    assert "study: restored from records: none" in out
+    assert "--recompute computes it again" in out
+    state = json.loads((tmp_path / "fresh" / "study.json").read_text())
+    assert not any(provenance.is_restored(row) for row in state["results"].values())
+
+
+def test_a_run_killed_while_saving_its_state_leaves_one_to_resume_from(
+    minilm_dir, tmp_path, monkeypatch
+):
+    """study.json is written atomically: a run killed mid-write leaves the previous state."""
+    import argparse
+    import json
+    import os
+
+    fake_stage, _, _ = _fake_study(monkeypatch, minilm_dir, tmp_path)
+    out = tmp_path / "out"
+    args = argparse.Namespace(output=str(out), filings=None, seeds="0",
+                              financebench="fb.jsonl.gz", record="")  # fmt: skip
+    study_mpnet.run_study(args, fake_stage([]))
+    before = json.loads((out / "study.json").read_text())
+
+    class Killed(BaseException):
+        pass
+
+    state = out / "study.json"
+    write_text, replace = Path.write_text, os.replace
+
+    def torn_write(self, text, *a, **k):  # a kill half way through a write in place
+        if self == state:
+            write_text(self, text[: len(text) // 2], *a, **k)
+            raise Killed
+        return write_text(self, text, *a, **k)
+
+    def killed_replace(source, target):  # a kill before an atomic write's rename
+        if Path(target) == state:
+            raise Killed
+        return replace(source, target)
+
+    monkeypatch.setattr(Path, "write_text", torn_write)
+    monkeypatch.setattr(os, "replace", killed_replace)
+    with pytest.raises(Killed):
+        study_mpnet.run_study(args, fake_stage([]))
+    monkeypatch.undo()
+    assert json.loads(state.read_text())["results"] == before["results"]

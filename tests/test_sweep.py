@@ -272,3 +272,58 @@ def test_test_table_has_numgap_per_category_and_every_financebench_metric(sweep)
     assert len(table[0].split(" | ")) == 1 + 5 + 8
     assert table[2] == ("| Teacher | 0.0062 | 0.0040 | - | 0.0100 | -0.3514 | 0.5583 | "
                         + " | ".join(["0.5000"] * 7) + " |")  # fmt: skip
+
+
+def test_test_table_marks_restored_rows(sweep):
+    """A row whose test (or dev) scores were restored from a record says so, as every other
+    table does; a row computed now keeps its bare label."""
+    fb = {metric: 0.5 for metric in sweep.FB_METRICS}
+    block = sweep.provenance.stamp(config="c" * 16, data="d" * 16)
+    computed = {"numgap": {"overall": {"D": 0.01, "M": -0.3}}, "provenance": block}
+    restored = {**computed, "provenance": {**block, "restored": True}}
+    dev = {"financebench": fb, "provenance": block}
+    table = sweep.format_test_table(
+        [("a", dev, restored), ("b", dev, computed), ("c", {**dev, **restored}, computed)]
+    ).splitlines()
+    assert table[2].startswith(f"| a (restored @{block['commit']}) | 0.0100 |")
+    assert table[3].startswith("| b | 0.0100 |")
+    assert table[4].startswith(f"| c (restored @{block['commit']}) |")
+
+
+def test_points_an_earlier_run_left_are_checked_before_they_are_skipped(sweep, tmp_path, capsys):
+    """A finished point in the run folder counts as done only while its hashes are this run's:
+    one scored on other data or made by another config, one without provenance, or (with
+    --recompute) one restored from a record is set aside with its dev scores, one line each,
+    and then restored or computed again."""
+    out = tmp_path / "out"
+    block = sweep.provenance.stamp(config="e" * 16, data="d" * 16)
+    stamped = {**block, "config_hash": "c" * 16, "eval_config_hash": "e" * 16}
+    blocks = {
+        "current": stamped,
+        "other_data": {**stamped, "data_hash": "x" * 16},
+        "other_config": {**stamped, "config_hash": "o" * 16},
+        "no_provenance": None,
+        "restored": {**stamped, "restored": True},
+        "gone": stamped,  # no grid makes it any more: its data hash is still checked
+    }
+    for name, value in blocks.items():
+        extra = {} if value is None else {"provenance": value}
+        sweep.write_json(out / "points" / f"{name}.json", {**point(name, 0.1, 0.5), **extra})
+        sweep.write_json(out / "results" / f"{name}.dev.json", {"label": name, **extra})
+    hashes = {name: "c" * 16 for name in blocks if name != "gone"}
+    options = dict(recompute=False, restore_unverified=False)
+    dropped = sweep.drop_stale_points(out, hashes, "d" * 16, **options)
+    assert dropped == ["no_provenance", "other_config", "other_data"]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(" in the run folder not used (" in line for line in lines)
+    assert sorted(p["name"] for p in sweep.load_points(out / "points")) == [
+        "current", "gone", "restored",
+    ]  # fmt: skip
+    for name in dropped:
+        assert not (out / "results" / f"{name}.dev.json").exists()
+        assert (out / "points" / f"{name}.json.stale").is_file()
+    assert sweep.drop_stale_points(out, hashes, "d" * 16, **options) == []
+    # --recompute: the restored point is computed again, the current one stays.
+    assert sweep.drop_stale_points(out, hashes, "d" * 16, recompute=True,
+                                   restore_unverified=False) == ["restored"]  # fmt: skip
+    assert "--recompute computes it again" in capsys.readouterr().out
