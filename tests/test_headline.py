@@ -1077,8 +1077,13 @@ def test_phase_presets_run_their_phases_and_the_report_where_they_have_one(
     calls = calls[1:]
     assert calls[0][:3] == ("phases", variants, verify)
     assert calls[1:] == ([("report", verify, False)] if report else [])
-    if preset == "headline-beyond":
-        assert calls[0][3] == str(study_headline.BEYOND_RECORD)
+    # Each preset records beside the study whose labels it shares, never over another's rows:
+    # the verification size with headline-verify, the full-size mined phases with beyond.
+    expected = {"headline-late": None, "headline-late800": None}.get(
+        preset,
+        str(study_headline.VERIFY_RECORD if verify else study_headline.BEYOND_RECORD),
+    )
+    assert calls[0][3] == expected
 
 
 @pytest.mark.parametrize(
@@ -1095,10 +1100,14 @@ def test_other_headline_presets_assemble_the_teacher_first(preset, runner, monke
 
     calls = []
     monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: calls.append("teacher"))
-    monkeypatch.setattr(study_headline, runner, lambda *args, **kwargs: calls.append(runner))
+    records = []
+    monkeypatch.setattr(study_headline, runner, lambda args, *rest, **kwargs: (
+        calls.append(runner), records.append(args.record)))  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["study.py", "--preset", preset])
     study.main()
     assert calls == ["teacher", runner]
+    if preset == "headline-mined-pilot":  # its twin's label is the other studies' twins'
+        assert records == [str(study_headline.MINED_PILOT_RECORD)]
 
 
 def test_graph_adopts_a_finished_run_of_the_same_config(tmp_path, capsys):
