@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from caliber_jax import cli  # noqa: E402
 from caliber_jax.data import corpus, numgap, perturb  # noqa: E402
 
 
@@ -76,4 +77,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except cli.USER_ERRORS as error:  # one line naming the file or label, exit status 2
+        if "--traceback" in sys.argv[1:]:
+            raise
+        cli.exit_with_one_line(error)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from caliber_jax import cli  # noqa: E402
 from caliber_jax.data import corpus, perturb, teacher  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 
@@ -75,8 +76,13 @@ def teacher_distances(data: Path) -> dict[tuple[str, str], dict[str, float]]:
     passages: the mean 1 - cos(t x, t pi x) and 1 - cos(t x, t nb) of the teacher's stored
     vectors (rows without a neighbour count for "pair" only), plus each category's "all" row."""
     rows = list(corpus.load_jsonl(data / "train.jsonl"))
+    # The stores of these very texts (a folder prepared again keeps the old ones until
+    # embed_teacher runs): the text hash is checked as training checks it.
+    texts = {"x": [row["text"] for row in rows],
+             "px": [row.get("perturbed") or "" for row in rows]}  # fmt: skip
     stores = {name: teacher.open_reader(data / "teacher_train" / name, expect_rows=len(rows),
-                                        expect_dim=_store_dim(data / "teacher_train" / name))
+                                        expect_dim=_store_dim(data / "teacher_train" / name),
+                                        expect_hash=teacher.text_hash(texts[name]))
               for name in ("x", "px")}  # fmt: skip
     perturbed = [i for i, row in enumerate(rows) if row.get("perturbed")]
     x, px = (_unit(stores[name][perturbed]) for name in ("x", "px"))
@@ -141,7 +147,8 @@ def per_rule(
     for label, loaded in results.items():
         hits = loaded.get(PER_QUERY, {}).get("numgap", {}).get(stat)
         if hits is None or set(hits) != set(ids):
-            raise ValueError(f"{label}: no per-record NumGap outcomes for these records")
+            raise ValueError(f"{label}: no per-record NumGap outcomes for these records (scored "
+                             f"on another NumGap file than --numgap?)")  # fmt: skip
         for key, rows in groups.items():
             table[key][label] = sum(hits[ids[row]] for row in rows) / len(rows)
     return table
@@ -213,4 +220,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except cli.USER_ERRORS as error:  # one line naming the file or label, exit status 2
+        if "--traceback" in sys.argv[1:]:
+            raise
+        cli.exit_with_one_line(error)

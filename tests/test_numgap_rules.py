@@ -91,9 +91,11 @@ def test_teacher_distances_hand_values(tmp_path):
     ]  # fmt: skip
     corpus.save_jsonl(tmp_path / "train.jsonl", rows)
     vectors = {"x": [[2.0, 0.0], [0.0, 1.0], [0.0, 3.0]], "px": [[1.0, 1.0], [0.6, 0.8], [0, 0]]}
+    texts = {"x": [row["text"] for row in rows], "px": [row["perturbed"] or "" for row in rows]}
     for name, values in vectors.items():
         path = tmp_path / "teacher_train" / name
-        meta = {"teacher": "t", "pooling": "mean", "native_dim": 2, "text_hash": name}
+        meta = {"teacher": "t", "pooling": "mean", "native_dim": 2,
+                "text_hash": teacher.text_hash(texts[name])}  # fmt: skip
         teacher.create_store(path, num_rows=3, dim=2, chunk_rows=3, metadata=meta)
         teacher.write_rows(path, 0, np.asarray(values, dtype=np.float32))
     table = numgap_rules.teacher_distances(tmp_path)
@@ -105,6 +107,11 @@ def test_teacher_distances_hand_values(tmp_path):
     assert table[("unit", "all")]["n"] == 1 and ("None", "all") not in table
     text = numgap_rules.distances_markdown(table)
     assert "| unit | million->billion | 1 | 0.2929 | 1.0000 |" in text
+    # Prepared again with other edits, its stores not yet encoded again: refused, not read.
+    rows[0]["perturbed"] = "Sales were $5 thousand."
+    corpus.save_jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(ValueError, match="text_hash"):
+        numgap_rules.teacher_distances(tmp_path)
 
 
 def test_train_rules_count_polarity_scope_beside_the_rule(tmp_path):
