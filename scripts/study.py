@@ -218,8 +218,11 @@ def main() -> None:
     parser.add_argument("--results_md", default=None, help="also write the tables here")
     parser.add_argument(
         "--record", default=None,
-        help="(--preset mpnet, mpnet-long) tracked directory where finished evaluations are "
-        "recorded and restored from (default docs/study_mpnet[_long]); '' = off",
+        help="(--preset mpnet, mpnet-long, headline*) tracked directory where finished "
+        "evaluations are recorded and restored from; default docs/study_mpnet[_long] for the "
+        "mpnet presets, study_headline.default_record for the headline presets (the verification "
+        "presets docs/study_verify, headline-beyond and its phases docs/study_mined, "
+        "headline-mined-pilot docs/study_mined_pilot, the others docs/study_headline); '' = off",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=min(2, host.usable_cores()),
