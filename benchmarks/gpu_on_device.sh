@@ -13,10 +13,14 @@
 #                                # 64 MiB; `mv /tmp/models_hold models` after the calls
 #   # Call 1, carrying .whl and runs/device (timeout_s 595; the machine's start is not in it):
 #   PARTS=setup,train_epoch bash benchmarks/gpu_on_device.sh 585
-#   # Call 2 AT ONCE (the machine goes back after 30 s idle; its /tmp/device_report keeps call
-#   # 1's model, data and caches), timeout_s what is left (~240 s), in priority order:
-#   PARTS=student_packed,attention_gpu_test,student_autotune0,student_packed_16k,\
-#   teacher_8b_encode bash benchmarks/gpu_on_device.sh 230
+#   # Call 2 AT ONCE, nothing in between (the machine goes back after 30 s idle and a fresh
+#   # start needs 4 minutes; its /tmp/device_report keeps call 1's model, data and caches),
+#   # timeout_s what is left (~240 s), in priority order: the cuDNN answer (~30 s), the epoch's
+#   # step from its cache with a profile (~35 s), the >= 16K-token step (one compile, ~100 s);
+#   # PyTorch, the 8B teacher and the autotuner's trade get what is left, else the next GPU's
+#   # first call:
+#   PARTS=attention_gpu_test,student_packed,student_packed_16k,student_torch,\
+#   teacher_8b_encode,student_autotune0 bash benchmarks/gpu_on_device.sh 230
 #
 # Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
 # 595 s for call 1, what is left for call 2. Measured on one H200 (2026-11-29, 4a6f2a7; records
@@ -24,9 +28,10 @@
 # its limit at 518.7 s with ~110 steps to go (529 s projected), of which ~47 s the second step
 # waiting for its program and ~27 s synchronous checkpoint saves; with epoch 0's first 800 steps
 # of one row count (data.pack_first_steps) and asynchronous saves since, it should end near
-# 460 s. Call 2: student_packed's JAX step now loads the epoch's program from its cache (it
-# compiled for ~120 s in that run, which left no time to time it), so the part is PyTorch eager
-# (~40 s) and torch.compile's warm-up beside timed JAX steps; what is skipped ("skipped" in the
+# 460 s. Call 2: student_packed's JAX step loads the epoch's program from its cache (it compiled
+# for ~120 s in that run, which left no time to time it) and runs alone; PyTorch eager and
+# torch.compile (never warmed up on a GPU yet: minutes of Inductor compile) are their own part,
+# student_torch, so a slow compile there loses no JAX figure; what is skipped ("skipped" in the
 # JSON) is the next GPU's first call, with `train_warm` (the epoch's cache, same machine) and
 # worst_shape_compile after it. TORCH_COMPILE=max-autotune-no-cudagraphs picks Inductor's GEMM
 # autotuning instead of CUDA graphs (minutes more of compile).
@@ -45,6 +50,7 @@ DATA=runs/device
 
 if [[ "${1:-}" == prepare ]]; then
   set -e
+  rm -rf .whl  # device-wheels.sh adds the newest of each: two versions of one stop the install
   bash ../shared/tools/device-wheels.sh
   mkdir -p "$DATA"
   # The device gets a copy of the working tree without .git: device_report.py reports this.
@@ -76,12 +82,15 @@ with gzip.open("../shared/data/financebench/filings.jsonl.gz", "rt") as f, \
 (out / "filings.jsonl.gz.tmp").rename(out / "filings.jsonl.gz")
 EOF
   du -sh .whl "$DATA"
-  # What travels to the device: the tracked tree (as checked out) with .whl and $DATA, <= 64 MiB.
-  kib=$(( $(git ls-files -z | du -ck --apparent-size --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+  # What travels to the device: the tracked tree (as checked out) with .whl and $DATA, <= 64 MiB,
+  # once models/ (the shipped student) is moved aside for the calls.
+  kib=$(( $(git ls-files -z -- . ':!models' | du -ck --apparent-size --files0-from=- 2>/dev/null \
+            | tail -1 | cut -f1)
           + $(du -sk --apparent-size .whl "$DATA" | awk '{s += $1} END {print s}') ))
-  echo "the device copy: $((kib / 1024)) MiB with models/ (limit 64 MiB)"
+  echo "the device copy: $((kib / 1024)) MiB without models/ (limit 64 MiB; mv models \
+/tmp/models_hold before the calls)"
   if (( kib > 64 * 1024 )); then
-    echo "over the limit: move models/ aside for the calls (mv models /tmp/models_hold)"
+    echo "over the limit even without models/: carry less"
   fi
   exit 0
 fi
