@@ -238,6 +238,17 @@ def run(main: Callable[[list[str]], Any]) -> None:
     app.run(guard(main), flags_parser=parse_flags)
 
 
+def run_script(main: Callable[[], Any]) -> None:
+    """An argparse script's `main()` with one-line user errors (exit status 2); `--traceback`
+    among the arguments shows the traceback instead."""
+    try:
+        main()
+    except USER_ERRORS as error:
+        if "--traceback" in sys.argv[1:]:
+            raise
+        exit_with_one_line(error)
+
+
 def stage(message: str, started: float) -> None:
     """One summary line per stage on stderr: `[caliber_jax] <message> (12.3 s)`."""
     print(f"[caliber_jax] {message} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)

@@ -220,9 +220,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except cli.USER_ERRORS as error:  # one line naming the file or label, exit status 2
-        if "--traceback" in sys.argv[1:]:
-            raise
-        cli.exit_with_one_line(error)
+    cli.run_script(main)  # a user error: one line naming the file or label, exit status 2

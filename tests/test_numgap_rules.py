@@ -127,3 +127,16 @@ def test_train_rules_count_polarity_scope_beside_the_rule(tmp_path):
         ("polarity", "more/less"): 1, ("polarity", numgap_rules.AMOUNT): 1,
         ("polarity", numgap_rules.NO_AMOUNT): 1,
     })  # fmt: skip
+
+
+def test_a_user_error_is_one_line(tmp_path):
+    """A missing prepared folder: one line naming the file, exit status 2, no traceback."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "numgap_rules.py"
+    done = subprocess.run([sys.executable, str(script), "--teacher_data", str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: [Errno 2] No such file or directory: '{tmp_path / 'none' / 'train.jsonl'}'"
+    ]
