@@ -34,8 +34,10 @@ subprocess under its own time limit and all of them under `--limit-s`:
     with its profile (issue #55 part 2): another batch, so another program, compiled here (with
     the epoch's cache directory, XLA's per-fusion autotuning results are shared).
   student_autotune0: student_packed's JAX step compiled again with `--xla_gpu_autotune_level=0`
-    in a cache of its own, JAX only: its compile seconds and step time against student_packed's
-    (the autotuner's trade, issue #55 part 3).
+    in a cache of its own, JAX only: its compile seconds against the same program's build at the
+    default level in the epoch (train_epoch's `first_program_compile_s`: the first step's
+    program, built alone into a cold cache) and its step time against student_packed's (the
+    autotuner's trade, issue #55 part 3).
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
     Qwen3-Embedding-8B-shaped weights, bf16, JAX only) over 10,240 real passages through
     `Embedder.encode_ids`, the length-sorted, bucket-padded batches `embed_teacher` runs (a
@@ -434,6 +436,9 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
     else:  # killed before its end: the compile seconds counted up to its first step
         if startup := re.search(r"XLA compiling or loading so far: ([\d.]+) s", log):
             result["compile_s_to_first_step"] = float(startup.group(1))
+    if first := re.search(r"step programs built in ([\d.]+) s \(the first, alone\)", log):
+        # The autotuner's trade (student_autotune0) is read against this program's build.
+        result["first_program_compile_s"] = float(first.group(1))
     return result
 
 

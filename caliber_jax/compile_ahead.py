@@ -14,6 +14,7 @@ layout's few row counts) are then built `parallel` at a time, on the host's free
 """
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent import futures
 from typing import Any
@@ -44,6 +45,9 @@ class StepPrograms:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.compiled_ahead = 0  # programs the background walk built (for tests and logs)
+        # Seconds each program took to build (lower + compile, or a persistent-cache load), in
+        # the order they finished: the first is the first step's, built alone.
+        self.build_seconds: list[float] = []
 
     def __call__(self, *args):
         key = shape_key(args[self._batch_arg])
@@ -119,7 +123,12 @@ class StepPrograms:
             return future, True
 
     def _build(self, future: futures.Future, args: tuple) -> None:
+        start = time.perf_counter()
         try:
-            future.set_result(self._jitted.lower(*args).compile())
+            program = self._jitted.lower(*args).compile()
         except BaseException as error:  # the step that needs this program raises it
             future.set_exception(error)
+            return
+        with self._lock:
+            self.build_seconds.append(time.perf_counter() - start)
+        future.set_result(program)

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -729,7 +730,8 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     last["step"] = step_num
     last["steps_run"] = step_num - start
     last["preempted"] = float(step_num < steps)
-    last.update(compile_summary(len(shapes), ahead=train_fn.compiled_ahead))
+    last.update(compile_summary(len(shapes), ahead=train_fn.compiled_ahead,
+                                build_seconds=train_fn.build_seconds))  # fmt: skip
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
@@ -752,27 +754,42 @@ def startup_line(marks: list[tuple[str, float]], stats: dict[str, float]) -> str
     return f"first step done {total:.1f} s after train() began: {phases} ({xla})"
 
 
-def compile_summary(step_programs: int, *, ahead: int = 0) -> dict[str, float]:
+def compile_summary(
+    step_programs: int, *, ahead: int = 0, build_seconds: Sequence[float] = ()
+) -> dict[str, float]:
     """What this process compiled: step programs (batch shapes) and all XLA programs.
 
     `compile/compiled` counts programs XLA built from scratch; the rest came from the persistent
     compilation cache (`--compilation_cache`), so a second identical launch reports 0 there.
     `compile/step_programs_ahead`: step programs built on the compile-ahead thread.
+    `build_seconds` (compile-ahead's, in the order the programs finished): the first step's
+    program, built alone, as `compile/first_program_s` (the autotuner's trade is read against
+    it), and the longest as `compile/program_s_max`.
     """
     stats = cli.COMPILE_STATS.snapshot()
+    built = ""
+    if build_seconds:
+        built = (f"; step programs built in {build_seconds[0]:.1f} s (the first, alone), "
+                 f"{max(build_seconds):.1f} s the longest")  # fmt: skip
     if jax.process_index() == 0:
         print(
             f"compile: {step_programs} train-step shapes ({ahead} built ahead of their step); "
             f"{stats['programs']} XLA programs, "
             f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
             f"{stats['compile_seconds']:.1f} s compiling or loading "
-            f"(+ {stats['trace_seconds']:.1f} s tracing, {stats['lower_seconds']:.1f} s lowering)",
+            f"(+ {stats['trace_seconds']:.1f} s tracing, {stats['lower_seconds']:.1f} s lowering)"
+            f"{built}",
             flush=True,
         )
+    timed = {}
+    if build_seconds:
+        timed = {"compile/first_program_s": float(build_seconds[0]),
+                 "compile/program_s_max": float(max(build_seconds))}  # fmt: skip
     return {
         "compile/step_programs": float(step_programs),
         "compile/step_programs_ahead": float(ahead),
         **{f"compile/{key}": float(value) for key, value in stats.items()},
+        **timed,
     }
 
 

@@ -140,6 +140,12 @@ class TrainStep:
     def compiled_ahead(self) -> int:
         return self.programs.compiled_ahead if self.programs is not None else 0
 
+    @property
+    def build_seconds(self) -> list[float]:
+        """Seconds each step program took to build, in the order they finished (compile-ahead's
+        record; empty without it)."""
+        return list(self.programs.build_seconds) if self.programs is not None else []
+
     def close(self) -> None:
         if self.programs is not None:
             self.programs.close()

@@ -60,6 +60,8 @@ def test_the_walk_builds_coming_shapes_before_their_steps():
     for rows in schedule:
         state = programs(state, batch(rows))
     assert len(step.lowered) == 3  # the steps reused the walk's programs
+    # Each build's seconds, one per program (train logs the first and the longest).
+    assert len(programs.build_seconds) == 3 and all(s > 0 for s in programs.build_seconds)
     assert float(state) == sum(float(batch(rows)["x"].sum()) for rows in schedule)
     programs.close()
 

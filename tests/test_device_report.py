@@ -86,6 +86,8 @@ def test_gpu_script_rehearsal_reports_every_part(tmp_path):
     assert epoch["steps"] == epoch["epoch_steps"] == parts["setup"]["passages"] // 8
     assert 0 < epoch["first_step_s"] < epoch["exit_s"] and 1 <= epoch["step_programs"] <= 4
     assert 0 < epoch["mfu_steady"] and 0 < epoch["mfu_epoch"]
+    # The first step's program, built alone: the autotuner's trade is read against it.
+    assert 0 < epoch["first_program_compile_s"] <= epoch["compile_s"] + epoch["exit_s"]
     assert "after train() began: weights" in epoch["startup"]
     metrics = (tmp_path / "out" / "train_epoch_metrics.jsonl").read_text().splitlines()
     assert json.loads(metrics[-1])["step"] == epoch["steps"]

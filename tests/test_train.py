@@ -445,3 +445,15 @@ def test_micro_batches_are_cut_to_whole_updates(capsys):
     config.total_steps = 3
     with pytest.raises(ValueError, match="accum_steps=4: the run has 3 micro-batches"):
         train_lib.total_steps(config, 1000)
+
+
+def test_compile_summary_names_the_first_program_and_the_longest(capsys):
+    """The first step's program (built alone) is what the autotuner's trade is read against."""
+    from caliber_jax import train as train_lib
+
+    summary = train_lib.compile_summary(3, ahead=2, build_seconds=[5.0, 2.0, 7.5])
+    assert summary["compile/first_program_s"] == 5.0 and summary["compile/program_s_max"] == 7.5
+    assert "step programs built in 5.0 s (the first, alone), 7.5 s the longest" in (
+        capsys.readouterr().out
+    )
+    assert "compile/first_program_s" not in train_lib.compile_summary(1)
