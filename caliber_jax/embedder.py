@@ -248,9 +248,21 @@ class Embedder:
 
 
 def _max_length(path: Path, spec: embedding.ModelSpec) -> int:
-    """sentence-transformers' max_seq_length when recorded, else 512 (the paper's)."""
+    """sentence-transformers' max_seq_length when recorded (`sentence_bert_config.json`, or the
+    tokenizer's `model_max_length` where newer sentence-transformers keeps it), else 512 (the
+    paper's); never past what the position table holds (as sentence-transformers cuts)."""
+    # BERT's and MPNet's position tables; Qwen3's rotary positions have none.
+    positions = getattr(spec.config, "max_tokens", None) or getattr(
+        spec.config, "max_position_embeddings", None
+    )
+    recorded = None
     config = path / "sentence_bert_config.json"
     if config.is_file():
-        return int(st_layout.read_json(config).get("max_seq_length") or 512)
-    limit = getattr(spec.config, "max_position_embeddings", 512)
-    return min(512, limit)
+        recorded = st_layout.read_json(config).get("max_seq_length")
+    tokenizer_config = path / "tokenizer_config.json"
+    newer_st = st_layout.is_sentence_transformers_dir(path) and tokenizer_config.is_file()
+    if recorded is None and newer_st:
+        limit = st_layout.read_json(tokenizer_config).get("model_max_length")
+        recorded = limit if isinstance(limit, int) and limit < 1_000_000 else None
+    length = int(recorded or 512)
+    return min(length, positions) if positions else length

@@ -40,6 +40,8 @@ class BertConfig:
     def from_hf(cls, hf: dict[str, Any]) -> "BertConfig":
         if hf.get("model_type") not in ("bert", None):
             raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, expected 'bert'")
+        if hf.get("is_decoder"):
+            raise ValueError("config.json: is_decoder=true (causal attention) is not supported")
         if hf.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError(
                 f"config.json: position_embedding_type={hf['position_embedding_type']!r}, "

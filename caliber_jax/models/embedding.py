@@ -55,7 +55,7 @@ class EmbeddingModel(nnx.Module):
         )
         width = spec.config.width
         self.dense = nnx.data(None)
-        if spec.out_dim is not None and spec.out_dim != width:
+        if spec.out_dim is not None:  # read_spec keeps it only for a W_out (new or the dir's)
             self.dense = nnx.Linear(
                 width,
                 spec.out_dim,
@@ -137,6 +137,8 @@ def read_spec(
     model_dir = Path(model_dir)
     family, config, raw = hf.load_config(model_dir)
     config = hf.with_num_layers(config, num_layers)
+    if st_layout.is_sentence_transformers_dir(model_dir):
+        st_layout.check_flax_pipeline(model_dir)  # what sentence-transformers would do, or refused
     dense = _read_dense_config(model_dir)
     if dense is not None:
         if dense["in_features"] != config.width:
@@ -149,11 +151,13 @@ def read_spec(
                 f"out_dim={out_dim} but {model_dir / DENSE_DIR} projects to {dense['out_features']}"
             )
         out_dim = dense["out_features"]
+    elif out_dim == config.width:
+        out_dim = None  # a fresh W_out only where the dims differ (the paper's rule)
     return ModelSpec(
         family=family,
         config=config,
         pooling=pooling or _read_pooling(model_dir),
-        out_dim=out_dim if out_dim != config.width else None,
+        out_dim=out_dim,  # the directory's own Dense applies even when it keeps the width
         raw_config=raw,
     )
 
@@ -187,9 +191,18 @@ def _holds_dense(model_dir: str | Path) -> bool:
 
 
 def _read_dense_config(model_dir: Path) -> dict[str, Any] | None:
+    """The directory's Dense module's config, None without one; a listed Dense whose config or
+    safetensors weights are missing is an error (it must not become a fresh random W_out)."""
     path = model_dir / DENSE_DIR / "config.json"
-    if not _holds_dense(model_dir) or not path.is_file():
+    if not _holds_dense(model_dir):
         return None
+    for needed in (path, model_dir / DENSE_DIR / "model.safetensors"):
+        if not needed.is_file():
+            raise ValueError(
+                f"{model_dir / DENSE_DIR}: the Dense module has no {needed.name}"
+                + (" (weights only as pytorch_model.bin are not read; the PyTorch backend, "
+                   'backend "torch", runs it)' if needed.suffix == ".safetensors" else "")
+            )  # fmt: skip
     conf = st_layout.read_json(path)
     activation = conf.get("activation_function", "torch.nn.modules.linear.Identity")
     if not activation.endswith("Identity"):

@@ -136,7 +136,11 @@ def load_config(model_dir: str | os.PathLike) -> tuple[str, Any, dict[str, Any]]
     family = raw.get("model_type")
     if family not in FAMILIES:
         raise ValueError(f"{path}: model_type={family!r}, supported: {sorted(FAMILIES)}")
-    return family, FAMILIES[family][0].from_hf(raw), raw
+    try:
+        config = FAMILIES[family][0].from_hf(raw)
+    except ValueError as error:  # "config.json: ..." from the family: name the directory
+        raise ValueError(f"{Path(model_dir)}/{error}") from error
+    return family, config, raw
 
 
 def with_num_layers(config: Any, num_layers: int | None) -> Any:
