@@ -65,6 +65,9 @@ PRESETS = {
     "headline-minednum-verify": {"config": "configs/headline.py", "overrides": []},
     "headline-mined-pilot": {"config": "configs/headline.py", "overrides": []},
     "headline-mined-pilot-verify": {"config": "configs/headline.py", "overrides": []},
+    # ...and the seeds of the numeric candidate it chose (its choice.json), with the report.
+    "headline-chosen": {"config": "configs/headline.py", "overrides": []},
+    "headline-chosen-verify": {"config": "configs/headline.py", "overrides": []},
     "headline-beyond": {"config": "configs/headline.py", "overrides": []},
     "headline-late-verify": {"config": "configs/headline.py", "overrides": []},
     # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
@@ -222,7 +225,8 @@ def main() -> None:
         "evaluations are recorded and restored from; default docs/study_mpnet[_long] for the "
         "mpnet presets, study_headline.default_record for the headline presets (the verification "
         "presets docs/study_verify, headline-beyond and its phases docs/study_mined, "
-        "headline-mined-pilot docs/study_mined_pilot, the others docs/study_headline); '' = off",
+        "headline-mined-pilot and headline-chosen docs/study_mined_pilot, the others "
+        "docs/study_headline); '' = off",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=min(2, host.usable_cores()),
@@ -238,6 +242,11 @@ def main() -> None:
         help="(--preset mpnet, mpnet-long, and the full-size headline reports' recorded rows) "
         "also restore records whose config or data hash was never recorded (marked 'provenance "
         "unknown')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--numeric_only", action="store_true",
+        help="(--preset headline-mined-pilot[-verify]) stop after the numeric candidates' choice "
+        "(the mined-data-only candidates are not trained)",
     )  # fmt: skip
     parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
@@ -266,6 +275,14 @@ def main() -> None:
             return
         if args.preset in ("headline-mined-pilot", "headline-mined-pilot-verify"):
             study_headline.run_mined_pilots(args, run, verify=args.preset.endswith("verify"))
+            return
+        if args.preset in ("headline-chosen", "headline-chosen-verify"):
+            # the seeds of the numeric candidate the dev choice chose, then the report
+            verify = args.preset.endswith("verify")
+            variant = study_headline.chosen_variant(args, verify=verify)
+            study_headline.run_phases(args, run, variants=(variant,), verify=verify)
+            study_headline.run_headline(args, run, verify=verify, students=False,
+                                        phases=(variant,))  # fmt: skip
             return
         if args.preset.startswith(("headline-mined-", "headline-minednum")) or args.preset in (
             "headline-mined",

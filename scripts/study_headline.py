@@ -140,8 +140,9 @@ def chosen_on_dev(
 def late_label(seed: int, *, verify: bool = False, variant: str = "late") -> str:
     """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
     ("Late lp verify s0" at the verification size; "Late800 lp long s0" for `variant`
-    "late800")."""
-    return f"{variant.capitalize()} lp {'verify' if verify else 'long'} s{seed}"
+    "late800"; "Minednum c0.1 scales lp long s0" for "minednum,c0.1,scales")."""
+    head, *rest = variant.split(",")
+    return " ".join([head.capitalize(), *rest, "lp", "verify" if verify else "long", f"s{seed}"])
 
 
 def distill_label(seed: int, *, verify: bool = False) -> str:
@@ -460,13 +461,16 @@ def run_pilots(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         print(line)
 
 
-def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> None:
+def run_headline(args, run: RunFn, *, verify: bool, students: bool = True,
+                 phases: Sequence[str] = ()) -> None:  # fmt: skip
     """The headline study's report (`<output>/study.md`, recorded): every scored model of the run
     folder, the recorded rows (restored) at full size, seed means, paired tests, NumGap-D per
     rule, wall-clock, model cards. At full size with `students` it first trains and scores the
     numeric-from-start headline student per seed (`--preset headline`); without, it reports what
-    the phases made (`--preset headline-beyond`). At the verification size it scores the
+    the phases made (`--preset headline-beyond`; `phases`: the phase variants its paired tests
+    and model cards name, default `BEYOND_PHASES`). At the verification size it scores the
     Teacher, plain all-MiniLM-L6-v2 and the fitted start where `run_phases` has not."""
+    phases = tuple(phases) or BEYOND_PHASES
     name = "headline_verify" if verify else "headline"
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
@@ -538,7 +542,7 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
         results[row.get("label", directory.name)] = row
     models, paired = with_seed_means(
         results, against=PLAIN_VERIFY if verify else PLAIN_START,
-        pairs=phase_pairs(seeds, verify=verify),
+        pairs=phase_pairs(seeds, verify=verify, phases=phases),
     )  # fmt: skip
     table = evaluate.format_markdown(models) + paired
     records = numgap.load_numgap(numgap_path)
@@ -567,8 +571,10 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True) -> No
         # The student, and its blend with the distilled twin where `headline-soup` made one; both
         # cards describe the numeric run's training (the blend's says what it was blended with).
         numeric = out / evaluate.slug(student_label(seed, verify=verify))
-        lates = [late_label(seed, verify=verify, variant=v)
-                 for v in ("late", "late800", "mined", "minednum")]  # fmt: skip
+        lates = [
+            late_label(seed, verify=verify, variant=v)
+            for v in dict.fromkeys(("late", "late800", "mined", "minednum", *phases))
+        ]
         cards = [(student_label(seed, verify=verify), numeric), (soup_label(None, seed), numeric),
                  *((late, out / evaluate.slug(late)) for late in lates),
                  (blend_label(None, seed), out / evaluate.slug(lates[1]))]  # fmt: skip
@@ -729,11 +735,13 @@ def default_record(preset: str) -> Path | None:
     at full size, docs/study_headline_verify/ at the verification size). The presets that train
     the verification size's twin and phases record with `headline-verify`, the full-size mined
     phases with `headline-beyond`, the full-size pilot on its own, so no preset overwrites another
-    study's rows of the same label."""
-    if preset == "headline-mined-pilot":
+    study's rows of the same label; the seeds of the full-size choice (`headline-chosen`)
+    beside it."""
+    if preset in ("headline-mined-pilot", "headline-chosen"):
         return MINED_PILOT_RECORD
     if preset in ("headline-verify", "headline-mined-pilot-verify", "headline-late-verify",
-                  "headline-mined-verify", "headline-minednum-verify"):  # fmt: skip
+                  "headline-mined-verify", "headline-minednum-verify",
+                  "headline-chosen-verify"):  # fmt: skip
         return VERIFY_RECORD
     if preset in ("headline-beyond", "headline-mined", "headline-minednum"):
         return BEYOND_RECORD
@@ -746,10 +754,11 @@ LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(labe
                 for label in ("Late800 lp long s0", "Late800 lp long s1")}  # fmt: skip
 
 
-def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
-    """The paired tests that say what each phase adds: the mined data alone and mined + numeric
-    against the twin they started from, mined + numeric against the late numeric recipe and
-    against the mined data alone; per seed and for the seed mean."""
+def phase_pairs(seeds: list[int], *, verify: bool,
+                phases: Sequence[str] = BEYOND_PHASES) -> list[tuple[str, str]]:  # fmt: skip
+    """The paired tests that say what each phase adds, per seed and for the seed mean: each phase
+    against the twin it started from; each numeric one (minednum...) against the late numeric
+    recipe and, where "mined" is among `phases`, against the mined data alone."""
     tags = [f"s{seed}" for seed in seeds]
     if len(seeds) > 1:
         tags.append("+".join(tags))
@@ -757,9 +766,14 @@ def phase_pairs(seeds: list[int], *, verify: bool) -> list[tuple[str, str]]:
     late = "Late" if verify else "Late800"
     pairs = []
     for tag in tags:
-        mined, both = f"Mined lp {size} {tag}", f"Minednum lp {size} {tag}"
         twin = f"Distill lp {size} {tag}"
-        pairs += [(mined, twin), (both, twin), (both, f"{late} lp {size} {tag}"), (both, mined)]
+        for phase in phases:
+            label = late_label(0, verify=verify, variant=phase).removesuffix(" s0") + f" {tag}"
+            pairs.append((label, twin))
+            if pilot_group(phase) == "minednum":
+                pairs.append((label, f"{late} lp {size} {tag}"))
+                if "mined" in phases:
+                    pairs.append((label, f"Mined lp {size} {tag}"))
     return pairs
 
 
@@ -774,14 +788,16 @@ def phase_data(variant: str) -> str:
 # `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
 # the seed-0 twin for the phase's steps, scored on the dev sets alone: the mined dev set
 # (`prepare.mined_dev`: generated questions of held-out filings, FinanceBench's format) and NumGap
-# dev. (variant, contrastive weight) -> label.
-# "minednum,scales" (added 2026-11-30, before any full-size candidate was scored): the numeric
+# dev. `configs/headline.py` variant -> label; `c<weight>` is the contrastive weight.
+# "minednum,c1,scales" (added 2026-11-30, before any full-size candidate was scored): the numeric
 # candidate on data with every scale swap both ways (`configs/headline.py:scales`), chosen among
 # the minednum candidates by the same rule.
-MINED_PILOTS = {("mined", 0.1): "Pilot mined c0.1", ("mined", 1.0): "Pilot mined c1",
-                ("minednum", 0.1): "Pilot minednum c0.1",
-                ("minednum", 1.0): "Pilot minednum c1",
-                ("minednum,scales", 1.0): "Pilot minednum c1 scales"}  # fmt: skip
+MINED_PILOTS = {"mined,c0.1": "Pilot mined c0.1", "mined,c1": "Pilot mined c1",
+                "minednum,c0.1": "Pilot minednum c0.1", "minednum,c1": "Pilot minednum c1",
+                "minednum,c1,scales": "Pilot minednum c1 scales"}  # fmt: skip
+# The groups of candidates, each chosen among itself, in the order they train: the numeric one
+# first (the choice `--preset headline-chosen` trains the seeds of), then the mined data alone.
+MINED_PILOT_GROUPS = ("minednum", "mined")
 # The per-rule dev set every pilot is also scored on (`scripts/numgap_per_rule.py`): up to this
 # many unit records per rule, every scale swap in both directions, from the held-out filings
 # minus the NumGap test anchors.
@@ -792,6 +808,13 @@ SCALES_DEV_PER_RULE = 40
 # the late recipe itself reaches 0.12 on dev, so no candidate could reach 0.30. Without a late
 # run, 0.30.
 MINED_TARGET_D = 0.30
+CHOICE_FILE = "choice.json"  # in <output>/mined_pilots/: the choice per group, read by
+# `--preset headline-chosen`
+
+
+def pilot_group(variant: str) -> str:
+    """The group a candidate is chosen in: its first variant ("minednum,c0.1" -> "minednum")."""
+    return variant.split(",")[0]
 
 
 def choose_mined(dev: dict[str, dict], labels: list[str], *, target: float) -> str | None:
@@ -802,25 +825,72 @@ def choose_mined(dev: dict[str, dict], labels: list[str], *, target: float) -> s
     return max(reaching, key=lambda label: dev[label]["financebench"]["ndcg_at_10"], default=None)
 
 
+def mined_choices(dev: dict[str, dict], floor: float | None) -> dict[str, dict]:
+    """The choice of each group whose candidates are all scored in `dev`: group -> {"label",
+    "variant" (None when no candidate reaches the target), "target", "candidates"}. The numeric
+    group's target is `floor` (the late recipe's dev D) or `MINED_TARGET_D`, the other's 0."""
+    choices = {}
+    for group in MINED_PILOT_GROUPS:
+        candidates = {label: variant for variant, label in MINED_PILOTS.items()
+                      if pilot_group(variant) == group}  # fmt: skip
+        if not all(label in dev for label in candidates):
+            continue
+        target = 0.0 if group == "mined" else (MINED_TARGET_D if floor is None else floor)
+        chosen = choose_mined(dev, list(candidates), target=target)
+        choices[group] = {"label": chosen, "variant": candidates.get(chosen), "target": target,
+                          "candidates": candidates}  # fmt: skip
+    return choices
+
+
+def chosen_variant(args, *, verify: bool) -> str:
+    """The `configs/headline.py` variant the dev choice chose among the numeric candidates
+    (`<output>/mined_pilots/choice.json`, written by `--preset headline-mined-pilot[-verify]` into
+    the same output folder); SystemExit with one line when there is none."""
+    out = Path(args.output or f"runs/{'headline_verify' if verify else 'headline'}").resolve()
+    path = out / "mined_pilots" / CHOICE_FILE
+    preset = "headline-mined-pilot" + ("-verify" if verify else "")
+    try:
+        choice = json.loads(path.read_text())["minednum"]
+        variant = choice["variant"]
+    except FileNotFoundError:
+        raise SystemExit(f"{shown_path(path)}: missing: run --preset {preset} (the same "
+                         f"--output) first; it writes the choice") from None  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"{shown_path(path)}: no numeric choice in it ({error!r}); run "
+                         f"--preset {preset} again") from None  # fmt: skip
+    if variant is None:
+        raise SystemExit(f"{shown_path(path)}: no numeric candidate reached NumGap dev D >= "
+                         f"{choice.get('target')}: nothing to train seeds of")  # fmt: skip
+    if variant not in MINED_PILOTS:
+        raise SystemExit(f"{shown_path(path)}: the chosen variant {variant!r} is not a candidate "
+                         f"of this version ({sorted(MINED_PILOTS)})")  # fmt: skip
+    return variant
+
+
 def run_mined_pilots(args, run: RunFn, *, verify: bool,
                      run_graph: GraphFn | None = None) -> None:  # fmt: skip
     """Each of `MINED_PILOTS` trained from the seed-0 twin (made when missing) on the mined data,
     exported, scored on the dev sets beside the twin (and Late where its run exists); the choice
-    of `choose_mined` per variant and the table go to `<output>/mined_pilots/mined_pilots.md`.
-    Data and teacher vectors come first; then one graph (`StudyGraph`): the twin alone on every
-    core, the candidates side by side (`args.jobs` at a time), the scorings filling in."""
+    of `choose_mined` per group goes to `<output>/mined_pilots/choice.json` and, with the table,
+    to `mined_pilots.md`. Data and teacher vectors come first; then one graph (`StudyGraph`) per
+    group of `MINED_PILOT_GROUPS`, the numeric one first and its choice written as soon as it is
+    scored (`args.numeric_only`: stop there): the twin alone on every core, the candidates side
+    by side (`args.jobs` at a time), the scorings filling in. The twins of the later seeds of
+    `args.seeds` train in the numeric group's graph (not scored here): the seeds of the choice
+    (`--preset headline-chosen`) start from them."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
     data, mined = out / "data", out / phase_data("mined")
     record = record_dir(args, name)
+    seeds = [int(s) for s in args.seeds.split(",")]
     times: dict[str, float] = {}
     prepared(args, run, data, size.replace(",", ":"), times)
     # Each candidate's data folder once, prepared with the config of its first candidate. The
     # first reuses the twin data's vectors of equal texts, each later one the folder before it
     # (the same passages with other edits: every x vector and most pi(x) ones).
     folders: dict[str, str] = {}
-    for variant, _ in MINED_PILOTS:
+    for variant in MINED_PILOTS:
         folders.setdefault(phase_data(variant), variant)
     reuse = data
     for folder_name, variant in folders.items():
@@ -839,11 +909,11 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
                   f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
                   "--tasks=financebench,numgap"]  # fmt: skip
     scales_common = [f"--numgap={scales_dev}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
-    graph = StudyGraph(out)
     paths: dict[str, Path] = {}
     scales_paths: dict[str, Path] = {}
 
-    def score(label: str, model: Path, after: Sequence[str] = (), *extra: str) -> None:
+    def score(graph: StudyGraph, label: str, model: Path, after: Sequence[str] = (),
+              *extra: str) -> None:  # fmt: skip
         results = folder / "results" / evaluate.slug(label)
         paths[label] = graph.score(label, model, results / "financebench+numgap.json",
                                    [*extra, *dev_common], after)  # fmt: skip
@@ -851,44 +921,74 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
                                           [*extra, *scales_common], after,
                                           stage=f"evaluate {label} on scales dev")  # fmt: skip
 
-    twin = distill_label(0, verify=verify)
-    twin_stage, twin_dir = graph.train(twin, stage_args(args, data, f":distill{size}"), 0,
-                                       alone=True)  # fmt: skip
-    start_stage, start = graph.export(twin, twin_dir, twin_stage)
-    candidates = {}
-    # The numeric candidates train first (the full-size choice the seeds wait on), then the
-    # mined-data-only ones; the order changes when each result arrives, not any result.
-    numeric_first = sorted(MINED_PILOTS.items(), key=lambda item: "minednum" not in item[0][0])
-    for (variant, weight), label in numeric_first:
-        argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
-                f"--config.model.init_dir={start}",
-                f"--config.loss.contrastive_weight={weight}"]  # fmt: skip
-        candidates[label] = graph.train(label, argv, 0, [start_stage],
-                                        workdir=folder / evaluate.slug(label))  # fmt: skip
-    score(twin, start, [start_stage])
-    late = late_label(0, verify=verify, variant="late" if verify else "late800")
+    twin = distill_label(seeds[0], verify=verify)
+    twin_dir = out / evaluate.slug(twin)
+    start = twin_dir / "hf"
+    late = late_label(seeds[0], verify=verify, variant="late" if verify else "late800")
     has_late = (out / evaluate.slug(late) / "hf" / "modules.json").is_file()
-    if has_late:
-        score(late, out / evaluate.slug(late) / "hf")
-    score("Teacher", mpnet_teacher(), (), "--backend=torch")
-    for label, (stage, workdir) in candidates.items():
-        stage, hf = graph.export(label, workdir, stage)
-        score(label, hf, [stage])
-    graph.run(args, times, run_graph)
-    graph.record(record)
-    dev = {label: load_results(path.parent) for label, path in paths.items()}
+    for group in MINED_PILOT_GROUPS:
+        graph = StudyGraph(out)
+        if group == MINED_PILOT_GROUPS[0]:
+            twin_stage, twin_dir = graph.train(twin, stage_args(args, data, f":distill{size}"),
+                                               seeds[0], alone=True)  # fmt: skip
+        start_stage, start = graph.export(twin, twin_dir, twin_stage)
+        candidates = {}
+        for variant, label in MINED_PILOTS.items():
+            if pilot_group(variant) != group:
+                continue
+            argv = [*stage_args(args, out / phase_data(variant), f":{variant}{size}"),
+                    f"--config.model.init_dir={start}"]  # fmt: skip
+            candidates[label] = graph.train(label, argv, seeds[0], [start_stage],
+                                            workdir=folder / evaluate.slug(label))  # fmt: skip
+        if group == MINED_PILOT_GROUPS[0]:
+            # the later seeds' twins, after the candidates in priority: the choice's seeds
+            # start from them
+            for seed in seeds[1:]:
+                graph.train(distill_label(seed, verify=verify),
+                            stage_args(args, data, f":distill{size}"), seed)  # fmt: skip
+            score(graph, twin, start, [start_stage])
+            if has_late:
+                score(graph, late, out / evaluate.slug(late) / "hf")
+            score(graph, "Teacher", mpnet_teacher(), (), "--backend=torch")
+        for label, (stage, workdir) in candidates.items():
+            stage, hf = graph.export(label, workdir, stage)
+            score(graph, label, hf, [stage])
+        graph.run(args, times, run_graph)
+        graph.record(record)
+        report = pilot_report(folder, paths, scales_paths, data, scales_dev,
+                              has_late=has_late, late=late)  # fmt: skip
+        record_file(folder / "mined_pilots.md", out, record)
+        record_file(folder / CHOICE_FILE, out, record)
+        print(report)
+        if getattr(args, "numeric_only", False):
+            print("mined pilots: stopped after the numeric candidates' choice (--numeric_only)")
+            break
+    record_file(scales_dev, out, record)
+    add_times(out / "study.json", times)
+
+
+def pilot_report(folder: Path, paths: dict[str, Path], scales_paths: dict[str, Path], data: Path,
+                 scales_dev: Path, *, has_late: bool, late: str) -> str:  # fmt: skip
+    """The dev table of every model scored so far, the choice of each group whose candidates are
+    all scored (also written to `folder`/choice.json) and the per-rule tables, written to
+    `folder`/mined_pilots.md; returns the report."""
+    dev = {label: load_results(path.parent) for label, path in paths.items() if path.is_file()}
+    floor = dev[late]["numgap"]["overall"]["D"] if has_late and late in dev else None
+    choices = mined_choices(dev, floor)
     lines = []
-    floor = dev[late]["numgap"]["overall"]["D"] if has_late else None
-    for variant, target in (("mined", 0.0), ("minednum", MINED_TARGET_D if floor is None
-                                                         else floor)):  # fmt: skip
-        labels = [label for (v, _), label in MINED_PILOTS.items() if v.split(",")[0] == variant]
-        chosen = choose_mined(dev, labels, target=target)
-        rule = f"NumGap dev D >= {target:.4f}, then " if target else ""
-        lines.append(f"- {variant}: {chosen or 'none'} ({rule}the highest mined-dev nDCG@10)")
+    for group in MINED_PILOT_GROUPS:
+        if group not in choices:
+            lines.append(f"- {group}: not yet (its candidates are not all scored)")
+            continue
+        choice = choices[group]
+        rule = f"NumGap dev D >= {choice['target']:.4f}, then " if choice["target"] else ""
+        lines.append(f"- {group}: {choice['label'] or 'none'} ({rule}the highest mined-dev "
+                     f"nDCG@10)")  # fmt: skip
     records = numgap.load_numgap(data / "numgap_dev.jsonl")
     rules = numgap_rules.markdown(numgap_rules.per_rule(records, dev), list(dev))
     scales_records = numgap.load_numgap(scales_dev)
-    scales = {label: json.loads(path.read_text()) for label, path in scales_paths.items()}
+    scales = {label: json.loads(path.read_text()) for label, path in scales_paths.items()
+              if path.is_file()}  # fmt: skip
     scales_rules = numgap_rules.markdown(
         numgap_rules.per_rule(scales_records, scales), list(scales)
     )
@@ -901,11 +1001,9 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
               f"ways, up to {SCALES_DEV_PER_RULE} records a rule, {len(scales_records)} in all; "
               f"read, not used to choose)\n\n{scales_rules}\n")  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
+    evaluate.write_text_atomic(folder / CHOICE_FILE, json.dumps(choices, indent=2) + "\n")
     evaluate.write_text_atomic(folder / "mined_pilots.md", report)
-    record_file(folder / "mined_pilots.md", out, record)
-    record_file(scales_dev, out, record)
-    add_times(out / "study.json", times)
-    print(report)
+    return report
 
 
 def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,

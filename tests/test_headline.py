@@ -926,14 +926,9 @@ def test_late800_blend_chooses_the_share_on_dev_alone_and_scores_it_on_test(tmp_
     assert "--interpolate=0.7" in fake.argv()["export Blend800 lp long s1"]
 
 
-def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_path, monkeypatch):
-    """`--preset headline-mined-pilot-verify` with each stage replaced by what it writes: the mined
-    data is prepared once (teacher vectors of the headline data reused), the seed-0 twin trains
-    once, every candidate starts from its export with its contrastive weight, every model is
-    scored on the two dev sets only (mined dev in FinanceBench's columns, NumGap dev), and the
-    choice per variant follows `choose_mined`. The trainings, exports and scorings are one graph:
-    the twin alone on every core, each candidate waiting on the twin's export only (free to pair);
-    a rerun repeats nothing but the teacher checks and builds no graph."""
+def _mined_pilot_setup(tmp_path, monkeypatch, **options):
+    """A verification-size pilot folder with each stage replaced by what it writes; returns
+    (args, FakeStages, FakeGraph, dev scores by label, the scales-dev builds, out)."""
     import argparse
 
     import study_headline
@@ -947,7 +942,7 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     monkeypatch.setattr(study_headline.numgap_rules, "markdown", lambda table, labels: "")
     built = []
     monkeypatch.setattr(study_headline.numgap_per_rule, "build",
-                        lambda data, **options: built.append((data, options)) or [])  # fmt: skip
+                        lambda data, **kw: built.append((data, kw)) or [])  # fmt: skip
     dev = {  # label -> (mined-dev nDCG@10, NumGap dev D)
         "Pilot mined c0.1": (0.60, 0.01), "Pilot mined c1": (0.65, 0.00),
         "Pilot minednum c0.1": (0.58, 0.35), "Pilot minednum c1": (0.62, 0.20),
@@ -960,18 +955,47 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
                 "numgap": {"overall": {"D": d}}}  # fmt: skip
 
     fake_run = FakeStages(evaluate=scores)
-    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="", seeds="0",
-                              financebench="fb.jsonl.gz")  # fmt: skip
-    fake_graph = FakeGraph(fake_run)
-    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
+    args = argparse.Namespace(output=str(out), filings=None, overrides="", record="",
+                              seeds="0,1", financebench="fb.jsonl.gz", **options)  # fmt: skip
+    return args, fake_run, FakeGraph(fake_run), dev, built, out
+
+
+def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_path, monkeypatch):
+    """`--preset headline-mined-pilot-verify --seeds 0,1` with each stage replaced by what it
+    writes: the mined data is prepared once (teacher vectors of the headline data reused), the
+    seed-0 twin trains once, every candidate starts from its export with its variant
+    (`configs/headline.py:<variant>`, the contrastive weight `c<weight>` among them), every model
+    is scored on the two dev sets only (mined dev in FinanceBench's columns, NumGap dev), and the
+    choice per group follows `choose_mined`. Two graphs: the twin alone on every core, the
+    numeric candidates waiting on its export only (free to pair), the seed-1 twin after them
+    (trained, not scored: the choice's second seed starts from it); the numeric choice is written
+    to choice.json before the mined-only candidates' graph starts. A rerun repeats nothing but
+    the teacher checks and builds no graph."""
+    import study_headline
+
+    args, fake_run, fake_graph, dev, built, out = _mined_pilot_setup(tmp_path, monkeypatch)
+    choice_path = out / "mined_pilots" / "choice.json"
+    seen = []
+
+    def graph_seeing_the_choice(graph, times):
+        seen.append(json.loads(choice_path.read_text()) if choice_path.is_file() else None)
+        fake_graph(graph, times)
+
+    study_headline.run_mined_pilots(args, fake_run, verify=True,
+                                    run_graph=graph_seeing_the_choice)  # fmt: skip
     argv = fake_run.argv()
     trains = [stage for stage in fake_run.stages if stage.startswith("train ")]
-    # The numeric candidates first (the choice the seeds wait on), then the mined-only ones.
+    # The numeric candidates first (the choice the seeds wait on), the seed-1 twin beside the
+    # last of them, then the mined-only ones.
     assert trains == ["train Distill lp verify s0", "train Pilot minednum c0.1",
                       "train Pilot minednum c1", "train Pilot minednum c1 scales",
-                      "train Pilot mined c0.1", "train Pilot mined c1"]  # fmt: skip
-    (graph,) = fake_graph.graphs
-    assert fake_run.stages[: -len(graph)] == [
+                      "train Distill lp verify s1", "train Pilot mined c0.1",
+                      "train Pilot mined c1"]  # fmt: skip
+    numeric, mined_only = fake_graph.graphs
+    assert seen[0] is None and seen[1]["minednum"]["label"] == "Pilot minednum c1 scales"
+    assert "mined" not in seen[1]  # not yet scored when the numeric choice was written
+    assert seen[1]["minednum"]["variant"] == "minednum,c1,scales"
+    assert fake_run.stages[: -len(numeric) - len(mined_only)] == [
         "teacher vectors", "prepare mined", "teacher vectors mined", "prepare mined_scales",
         "teacher vectors mined_scales",
     ]  # fmt: skip
@@ -981,25 +1005,35 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     assert data == out / "data" and options["rules"] == perturb.Rules(scales="all")
     assert options["exclude"] == [str(out / "data" / "numgap_test.jsonl")]
     assert (out / "numgap_scales_dev.jsonl").is_file()
-    by_name = {stage.name: stage for stage in graph}
-    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
+    by_name = {stage.name: stage for stage in [*numeric, *mined_only]}
+    assert [stage.name for stage in numeric if stage.alone] == ["train Distill lp verify s0"]
+    assert not any(stage.alone for stage in mined_only)
+    assert {s.name for s in mined_only if s.name.startswith("train")} == {
+        "train Pilot mined c0.1", "train Pilot mined c1"}  # fmt: skip
     for label in dev:
-        assert by_name[f"train {label}"].after == ("export Distill lp verify s0",)
+        graph = numeric if "minednum" in label else mined_only
+        assert by_name[f"train {label}"] in graph
+        # in the second graph the twin's export is done, so the candidates wait on nothing
+        expected = ("export Distill lp verify s0",) if graph is numeric else ()
+        assert by_name[f"train {label}"].after == expected
         assert by_name[f"evaluate {label}"].after == (f"export {label}",)
     assert by_name["evaluate Teacher"].after == ()
+    assert by_name["train Distill lp verify s1"].after == ()
+    assert "--config.seed=1" in argv["train Distill lp verify s1"]
+    assert "evaluate Distill lp verify s1" not in by_name
     assert f"--reuse_from={out / 'data'}" in argv["teacher vectors mined"]
     # The scales folder holds the mined passages with other unit edits: it reuses their vectors.
     assert f"--reuse_from={out / 'data_mined'}" in argv["teacher vectors mined_scales"]
     start = out / "Distill_lp_verify_s0" / "hf"
-    for (variant, weight), label in study_headline.MINED_PILOTS.items():
+    for variant, label in study_headline.MINED_PILOTS.items():
         train = argv[f"train {label}"]
         assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
         assert f"--config.model.init_dir={start}" in train
-        assert f"--config.loss.contrastive_weight={weight}" in train
+        assert not any(a.startswith("--config.loss.contrastive_weight") for a in train)
+        weight = float(label.split(" c")[1].split()[0])
+        assert headline.get_config(variant).loss.contrastive_weight == weight
         folder = "data_mined_scales" if "scales" in variant else "data_mined"
         assert f"--config.data.dir={out / folder}" in train
-    assert any(a.endswith("headline.py:minednum,scales,verify")
-               for a in argv["train Pilot minednum c1 scales"])  # fmt: skip
     for stage, call in fake_run.calls:
         if stage.startswith("evaluate") and stage.endswith(" on scales dev"):
             flag = _flags(call)
@@ -1017,12 +1051,15 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
     assert "- mined: Pilot mined c1 (the highest mined-dev nDCG@10)" in report
     assert "- minednum: Pilot minednum c1 scales (NumGap dev D >= 0.3000, then" in report
     assert "## NumGap-D per unit rule and direction (scales dev" in report
+    choice = json.loads(choice_path.read_text())
+    assert choice["mined"]["variant"] == "mined,c1" and choice["mined"]["target"] == 0.0
+    assert study_headline.chosen_variant(args, verify=True) == "minednum,c1,scales"
     fake_run.calls.clear()
     study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
     assert fake_run.stages == ["teacher vectors", "teacher vectors mined",
                                "teacher vectors mined_scales"]  # fmt: skip
     assert len(built) == 1  # the scales dev set is not built again
-    assert len(fake_graph.graphs) == 1
+    assert len(fake_graph.graphs) == 2
     # With the late recipe's run there, its dev D is the numeric candidates' floor.
     dev["Late lp verify s0"] = (0.55, 0.15)
     _write(out / "Late_lp_verify_s0" / "hf", {"modules.json": "[]"})
@@ -1031,6 +1068,85 @@ def test_mined_pilots_train_each_candidate_from_the_twin_and_choose_on_dev(tmp_p
         "evaluate Late lp verify s0", "evaluate Late lp verify s0 on scales dev"]  # fmt: skip
     report = (out / "mined_pilots" / "mined_pilots.md").read_text()
     assert "- minednum: Pilot minednum c1 (NumGap dev D >= 0.1500, then" in report
+    assert study_headline.chosen_variant(args, verify=True) == "minednum,c1"
+
+
+def test_mined_pilots_numeric_only_stops_at_the_numeric_choice(tmp_path, monkeypatch, capsys):
+    """`--numeric_only`: one graph (the twins and the numeric candidates), the numeric choice
+    written and reported, the mined-only group said not yet; `headline-chosen` reads the
+    choice, and refuses in one line naming the file when there is none or it chose nothing."""
+    import study_headline
+
+    args, fake_run, fake_graph, dev, _, out = _mined_pilot_setup(
+        tmp_path, monkeypatch, numeric_only=True
+    )
+    with pytest.raises(SystemExit, match=r"choice.json: missing: run --preset "
+                       r"headline-mined-pilot-verify"):  # fmt: skip
+        study_headline.chosen_variant(args, verify=True)
+    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
+    assert len(fake_graph.graphs) == 1
+    assert not any("Pilot mined c" in stage for stage in fake_run.stages)
+    choice = json.loads((out / "mined_pilots" / "choice.json").read_text())
+    assert list(choice) == ["minednum"]
+    report = (out / "mined_pilots" / "mined_pilots.md").read_text()
+    assert "- mined: not yet (its candidates are not all scored)" in report
+    assert "stopped after the numeric candidates' choice" in capsys.readouterr().out
+    assert study_headline.chosen_variant(args, verify=True) == "minednum,c1,scales"
+    # No candidate reaches the floor: nothing to train seeds of.
+    for label in dev:
+        dev[label] = (dev[label][0], 0.0)
+    for path in (out / "mined_pilots" / "results").glob("*/financebench+numgap.json"):
+        path.unlink()
+    study_headline.run_mined_pilots(args, fake_run, verify=True, run_graph=fake_graph)
+    with pytest.raises(SystemExit, match="no numeric candidate reached NumGap dev D >= 0.3"):
+        study_headline.chosen_variant(args, verify=True)
+    (out / "mined_pilots" / "choice.json").write_text("[1")
+    with pytest.raises(SystemExit, match="choice.json: no numeric choice in it"):
+        study_headline.chosen_variant(args, verify=True)
+
+
+def test_chosen_preset_trains_the_chosen_variant_and_reports_it(tmp_path, monkeypatch):
+    """`--preset headline-chosen`: the variant of the pilot's choice.json goes to the phases and
+    the report (its labels, paired tests, cards) and records beside the pilot; a missing choice
+    stops it in one line before any stage."""
+    import study
+    import study_headline
+
+    calls = []
+    monkeypatch.setattr(study_headline, "mpnet_teacher", lambda: None)
+    monkeypatch.setattr(study_headline, "run_phases",
+                        lambda args, run, *, variants, verify: calls.append(
+                            ("phases", variants, verify, args.record)))  # fmt: skip
+    monkeypatch.setattr(study_headline, "run_headline",
+                        lambda args, run, *, verify, students, phases: calls.append(
+                            ("report", verify, students, phases)))  # fmt: skip
+    out = tmp_path / "headline"
+    argv = ["study.py", "--preset", "headline-chosen", "--output", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="choice.json: missing"):
+        study.main()
+    assert calls == []
+    _write(out / "mined_pilots", {"choice.json": json.dumps(
+        {"minednum": {"label": "Pilot minednum c0.1", "variant": "minednum,c0.1"}})})  # fmt: skip
+    study.main()
+    assert calls == [
+        ("phases", ("minednum,c0.1",), False, str(study_headline.MINED_PILOT_RECORD)),
+        ("report", False, False, ("minednum,c0.1",)),
+    ]
+    # Its labels and paired tests: against its twin and the late recipe, per seed and mean.
+    assert study_headline.late_label(1, variant="minednum,c0.1") == "Minednum c0.1 lp long s1"
+    assert study_headline.late_label(0, verify=True, variant="late800") == "Late800 lp verify s0"
+    pairs = study_headline.phase_pairs([0, 1], verify=False, phases=("minednum,c1,scales",))
+    assert pairs[:2] == [("Minednum c1 scales lp long s0", "Distill lp long s0"),
+                         ("Minednum c1 scales lp long s0", "Late800 lp long s0")]  # fmt: skip
+    assert ("Minednum c1 scales lp long s0+s1", "Late800 lp long s0+s1") in pairs
+    assert len(pairs) == 6
+    assert study_headline.phase_pairs([0], verify=True) == [
+        ("Mined lp verify s0", "Distill lp verify s0"),
+        ("Minednum lp verify s0", "Distill lp verify s0"),
+        ("Minednum lp verify s0", "Late lp verify s0"),
+        ("Minednum lp verify s0", "Mined lp verify s0"),
+    ]
 
 
 def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
@@ -1055,6 +1171,17 @@ def test_choose_mined_takes_the_best_dev_retrieval_that_keeps_the_separation():
     assert headline.get_config("minednum,scales,verify").data.dir == (
         "runs/headline_verify/data_mined_scales"
     )
+    # c<weight>: the contrastive weight, with a mined variant only, one at a time.
+    assert headline.get_config("minednum,c0.1").loss.contrastive_weight == 0.1
+    assert headline.get_config("mined,c1,verify").loss.contrastive_weight == 1.0
+    for bad, message in (
+        ("late,c0.1", "needs variant mined or minednum"),
+        ("minednum,c0.1,c1", "two contrastive weights"),
+        ("minednum,c-1", "unknown variant"),
+        ("minednum,cinf", "unknown"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            headline.get_config(bad)
 
 
 def test_model_card_states_the_mined_objective_and_data():
@@ -1197,6 +1324,20 @@ def test_graph_adopts_a_finished_run_of_the_same_config(tmp_path, capsys):
         "train Minednum lp long s1", "train Minednum begun"
     ]  # fmt: skip
     assert not (begun / "summary.json").exists()
+
+    # The chosen variant's seed 0 (`--preset headline-chosen`): "minednum,c0.1" resolves to the
+    # config of a candidate written with the weight as a flag, so it is linked in too.
+    weak = out / "mined_pilots" / "Pilot_minednum_c0.1"
+    weak.mkdir()
+    train.write_config(resolve_config([*argv, "--config.loss.contrastive_weight=0.1",
+                                       "--config.seed=0"]), epath.Path(weak))  # fmt: skip
+    (weak / "summary.json").write_text("{}")
+    chosen = [*study_headline.stage_args(args, out / "data_mined", ":minednum,c0.1"),
+              f"--config.model.init_dir={out / 'Distill_lp_long_s0' / 'hf'}"]  # fmt: skip
+    graph = study_headline.StudyGraph(out)
+    _, workdir = graph.train("Minednum c0.1 lp long s0", chosen, 0)
+    assert graph.stages == [] and workdir.name == "Minednum_c0.1_lp_long_s0"
+    assert json.loads((workdir / "config.json").read_text())["loss"]["contrastive_weight"] == 0.1
 
 
 def test_recorded_rows_join_a_report_only_on_its_evaluation_data(tmp_path):
