@@ -4,6 +4,8 @@ Pure `jnp` functions of precomputed, L2-normalised vectors (paper eqs. 1-4). Eve
 float32 whatever the input dtype. Shapes: B batch, D embedding dim.
 """
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 
@@ -284,6 +286,30 @@ def calibration_loss(
         loss = parts["align_x"] + perturb_weight * parts["align_px"] + lam * parts["num"]
         loss = loss + structure_weight * parts.get("structure", 0.0)
     return loss, parts
+
+
+def loss_from_parts(
+    parts: Mapping[str, float], *, reduction: str, lam: float, perturb_weight: float = 1.0,
+    structure_weight: float = 0.0, query_weight: float = 0.0, contrastive_weight: float = 0.0,
+    pert_frac: float = 1.0, term_frac: float = 1.0,
+) -> float:  # fmt: skip
+    """The trained loss from its parts, each the mean over its own rows (`calibration_loss`'s
+    parts, "query" and "contrastive" of `step.loss_fn`): what the loss of one batch holding every
+    row would be. "batch" divides the perturbed terms by the batch size, so "align_px" counts at
+    the fraction of rows perturbed (`pert_frac`) and "num" at the fraction its term covers
+    (`term_frac`); "per_term" adds the means as they are. Over a split it turns the validation
+    parts into the validation loss: a row-weighted mean of batch losses is that only for "batch"
+    without query terms (a "per_term" batch's perturbed means weigh its few perturbed rows as
+    much as another batch's many)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; expected one of {REDUCTIONS}")
+    p, t = (pert_frac, term_frac) if reduction == "batch" else (1.0, 1.0)
+    return float(
+        parts["align_x"] + perturb_weight * p * parts["align_px"] + lam * t * parts["num"]
+        + structure_weight * parts.get("structure", 0.0)
+        + query_weight * parts.get("query", 0.0)
+        + contrastive_weight * parts.get("contrastive", 0.0)
+    )  # fmt: skip
 
 
 TRIPLET_DISTANCES = ("cosine", "euclidean")

@@ -348,8 +348,11 @@ def check_finite(metrics: dict[str, float], step_num: int) -> None:
         )
 
 
-def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
-    """Validation loss components over one pass of the held-out split."""
+def evaluate(eval_fn, params, loader_factory, mesh,
+             loss: ml_collections.ConfigDict | None = None) -> dict[str, float]:  # fmt: skip
+    """Validation loss components over one pass of the held-out split; with the run's `loss`
+    config, val/loss is the trained loss of those components (`losses.loss_from_parts`), else
+    the row-weighted mean of the batches' losses."""
     totals: dict[str, float] = {}
     for batch in iter(loader_factory()):
         sums = jax.device_get(eval_fn(params, sharding.to_global(batch, mesh)))
@@ -366,6 +369,15 @@ def evaluate(eval_fn, params, loader_factory, mesh) -> dict[str, float]:
     for key, total in totals.items():
         out[f"val/{key}"] = total / max(counts[step.EVAL_PART_ROWS.get(key, "rows")], 1.0)
     out["val/term_frac"] = counts["term_rows"] / max(counts["rows"], 1.0)
+    if loss is not None and counts["rows"]:
+        parts = {key.removeprefix("val/"): value for key, value in out.items()}
+        out["val/loss"] = losses.loss_from_parts(
+            parts, reduction=loss.reduction, lam=float(loss.lam),
+            perturb_weight=loss.get("perturb_weight", 1.0),
+            structure_weight=loss.structure_weight, query_weight=loss.get("query_weight", 0.0),
+            contrastive_weight=loss.get("contrastive_weight", 0.0),
+            pert_frac=counts["pert_rows"] / counts["rows"], term_frac=out["val/term_frac"],
+        )  # fmt: skip
     return out
 
 
@@ -679,7 +691,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     if val_factory is not None and config.eval_at_start and start == 0:
         # the starting point of the validation curves
         with jax.transfer_guard("allow"), stall.phase("validation"):
-            _write(writer, evaluate(eval_fn, state.params, val_factory, mesh), 0)
+            _write(writer, evaluate(eval_fn, state.params, val_factory, mesh, config.loss), 0)
     # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
@@ -714,7 +726,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
             paused = time.perf_counter()  # validation and saves are not training throughput
             if val_factory is not None and (step_num % config.eval_every == 0 or step_num == steps):
                 with jax.transfer_guard("allow"), stall.phase("validation"):
-                    val = evaluate(eval_fn, state.params, val_factory, mesh)
+                    val = evaluate(eval_fn, state.params, val_factory, mesh, config.loss)
                 last.update(val)
                 _write(writer, val, step_num)
             if must_save:

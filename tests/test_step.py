@@ -314,6 +314,58 @@ def test_eval_step_counts_each_part_over_its_own_rows():
     assert float(sums4["term_rows"]) == float(want["pert_rows"])
 
 
+def test_val_loss_is_the_trained_loss_of_the_whole_split():
+    """`train.evaluate`'s val/loss over two batches with different perturbed fractions equals the
+    trained loss of one batch holding both, under either reduction; the row-weighted mean of the
+    two batch losses (val/loss before) equals it only under "batch". One batch's loss is
+    `losses.loss_from_parts` of its own parts, the query and contrastive terms included."""
+    import ml_collections
+
+    from caliber_jax import train
+
+    graphdef, params = make_model(0)
+    teacher = make_model(1)
+    first = neighbour_batch(2, teacher)
+    first["has_pert"] = np.arange(len(first["weight"])) % 4 != 1  # 3 of 4 rows perturbed
+    first["weight"] = first["weight"].copy()
+    first["weight"][-1] = 0.0  # a padding row
+    second = neighbour_batch(3, teacher)
+    second["has_pert"] = np.arange(len(second["weight"])) % 4 == 0  # 1 of 4
+    both = {key: np.concatenate([first[key], second[key]]) for key in first}
+    mesh = sharding.make_mesh()
+    for reduction in ("batch", "per_term"):
+        # no in-batch terms (structure, query, contrastive) here: one batch of both rows would
+        # pair each row with more rows than either batch does
+        options = dict(lam=2.0, margin=0.05, reduction=reduction, perturb_weight=0.5,
+                       structure_weight=0.0, objective="neighbour")  # fmt: skip
+        config = ml_collections.ConfigDict({**options, "query_weight": 0.0,
+                                            "contrastive_weight": 0.0})  # fmt: skip
+        eval_fn = jax.jit(functools.partial(step.eval_step, graphdef=graphdef, **options))
+        val = train.evaluate(eval_fn, params, lambda: [first, second], mesh, config)
+        want, _ = step.loss_fn(params, both, graphdef=graphdef, **options)
+        np.testing.assert_allclose(val["val/loss"], float(want), rtol=1e-5, err_msg=reduction)
+        old = train.evaluate(eval_fn, params, lambda: [first, second], mesh)
+        gap = abs(old["val/loss"] - float(want))
+        assert gap < 1e-5 if reduction == "batch" else gap > 1e-3, (reduction, gap)
+        # One batch, with the query-geometry and the contrastive term: the loss from its parts.
+        queried = with_queries(first, teacher)
+        extra = dict(structure_weight=3.0, query_weight=4.0, contrastive_weight=0.5)
+        options.pop("structure_weight")
+        loss, parts = step.loss_fn(params, queried, graphdef=graphdef, **options, **extra)
+        sums = jax.device_get(step.eval_step(params, queried, graphdef=graphdef, **options,
+                                             **extra))  # fmt: skip
+        rows = float(sums["rows"])
+        assert {"structure", "query", "contrastive"} <= set(parts)
+        rebuilt = losses.loss_from_parts(
+            {k: float(v) for k, v in parts.items()}, reduction=reduction, lam=2.0,
+            perturb_weight=0.5, **extra,
+            pert_frac=float(sums["pert_rows"]) / rows, term_frac=float(sums["term_rows"]) / rows,
+        )  # fmt: skip
+        np.testing.assert_allclose(rebuilt, float(loss), rtol=1e-5, err_msg=reduction)
+    with pytest.raises(ValueError, match="reduction='mean'"):
+        losses.loss_from_parts({}, reduction="mean", lam=1.0)
+
+
 def with_queries(batch, teacher, seed=7, length=8):
     """`batch` plus one training query per row (rows 1 and 5 without), teacher = the init."""
     rng = np.random.default_rng(seed)
