@@ -203,11 +203,23 @@ def main(argv: Sequence[str]) -> None:
         if values.reuse_from:
             known = reusable_vectors(values.reuse_from, dim, teacher_metadata(config, model))
         stores = []
-        for split in values.splits:
-            if (paths.as_path(config.data.dir) / f"{split}.jsonl").exists():
-                stores += embed_split(config, split, model, dim, known)
+        for split in present_splits(config.data.dir, values.splits):
+            stores += embed_split(config, split, model, dim, known)
     for path in stores:
         print(path)
+
+
+def present_splits(data_dir: str, splits: list[str]) -> list[str]:
+    """The `splits` whose `<data_dir>/<split>.jsonl` exists; ValueError naming the folder when
+    none does (a mistyped data folder or split wrote nothing and exited 0) or when a split other
+    than "val" (absent when nothing was held out) is missing."""
+    folder = paths.as_path(data_dir)
+    present = [split for split in splits if (folder / f"{split}.jsonl").exists()]
+    missing = [f"{split}.jsonl" for split in splits if split not in present]
+    if not present or any(name != "val.jsonl" for name in missing):
+        raise ValueError(f"{folder}: no {', '.join(missing)} (the folder `prepare` wrote, "
+                         f"--config.data.dir, and --splits name them)")  # fmt: skip
+    return present
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ def choose_perturbation(
     return fired, random.Random(seed).choice(sorted(fired))
 
 
+# The passage fields prepare derives (with `neighbour_k`, `queries`; "category" and "perturbed"
+# always): a corpus record's own fields of these names are dropped, not read as prepare's.
+DERIVED_FIELDS = ("query", "neighbour", "train_neighbour", "category", "perturbed")
+
+
 def prepare(
     input_path: str | os.PathLike,
     output_dir: str | os.PathLike,
@@ -104,6 +109,10 @@ def prepare(
     if unknown or any(w <= 0 for w in (category_weights or {}).values()):
         raise ValueError(f"prepare.category_weights={dict(category_weights)}: categories must be "
                          f"among {perturb.CATEGORIES}, weights > 0")  # fmt: skip
+    if build_numgap:  # before any write: a bad quota found after train.jsonl was replaced
+        # left the folder half old, half new
+        numgap.check_quotas(quotas_test, "prepare.numgap_quotas_test")
+        numgap.check_quotas(quotas_dev, "prepare.numgap_quotas_dev")
     records = corpus.load_records(input_path, text_field=text_field)
     passages = list(
         corpus.make_passages(
@@ -113,6 +122,15 @@ def prepare(
             exclude_eval_docs=not include_eval_docs,
         )
     )
+    dropped = sorted({key for passage in passages for key in DERIVED_FIELDS if key in passage})
+    if dropped:
+        # A record's own "query" or "neighbour" would be read as prepare's: questions trained
+        # (and embedded) with queries off, every row's neighbour a row number the user never meant.
+        print(f"prepare: {input_path}: the records' field(s) {', '.join(map(repr, dropped))} "
+              f"name what prepare writes itself: dropped", file=sys.stderr)  # fmt: skip
+        for passage in passages:
+            for key in dropped:
+                passage.pop(key, None)
     if not passages:
         raise ValueError(
             f"{input_path}: no usable documents (no record has a '{text_field}' text that "

@@ -6,7 +6,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from caliber_jax import embed_teacher
 from caliber_jax.data import corpus, teacher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,3 +97,18 @@ def test_reuse_from_copies_equal_texts_and_encodes_the_rest(tmp_path):
     bad = _embed(tmp_path / "other", f"--reuse_from={tmp_path / 'old'}",
                  "--config.teacher.max_length=64")  # fmt: skip
     assert bad.returncode != 0 and "cannot reuse teacher vectors: max_length" in bad.stderr
+
+
+def test_a_folder_without_the_splits_is_an_error_not_a_silent_exit(tmp_path):
+    """A mistyped --config.data.dir or --splits wrote nothing and exited 0; "val" alone may be
+    absent (nothing held out)."""
+    corpus.save_jsonl(tmp_path / "train.jsonl", [{"id": "a:0", "text": "x", "perturbed": None}])
+    assert embed_teacher.present_splits(str(tmp_path), ["train", "val"]) == ["train"]
+    with pytest.raises(ValueError, match=r"no trian.jsonl \(the folder"):
+        embed_teacher.present_splits(str(tmp_path), ["trian"])
+    with pytest.raises(ValueError, match=r"missing: no train.jsonl, val.jsonl"):
+        embed_teacher.present_splits(str(tmp_path / "missing"), ["train", "val"])
+    result = _embed(tmp_path / "nowhere")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "nowhere: no train.jsonl" in result.stderr

@@ -576,3 +576,35 @@ def test_preparing_again_replaces_the_dataset(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         prepare_lib.prepare(source, out, seed=1)
     assert not (out / "stats.json").exists()
+
+
+def test_records_fields_named_like_prepares_outputs_are_dropped(tmp_path, capsys):
+    """A record's own "query" or "neighbour" was read as prepare's: questions trained (and
+    embedded) with queries off, every neighbour row 0. They are dropped with one line."""
+    plain = corpus.load_jsonl(write_corpus(tmp_path / "c.jsonl", ["alpha", "beta"]))
+    rows = [{**row, "query": "the user's own note", "neighbour": 0, "train_neighbour": 1}
+            for row in plain]  # fmt: skip
+    source = tmp_path / "own_fields.jsonl"
+    corpus.save_jsonl(source, rows)
+    out = tmp_path / "out"
+    prepare_lib.prepare(source, out, seed=0, heldout_fraction=0.5)
+    assert "'neighbour', 'query', 'train_neighbour' name what prepare writes" in (
+        capsys.readouterr().err
+    )
+    for name in ("passages.jsonl", "train.jsonl", "val.jsonl"):
+        for row in corpus.load_jsonl(out / name):
+            assert not {"query", "neighbour", "train_neighbour"} & set(row), name
+            assert row["company"] in ("ALPHA", "BETA")  # other fields stay
+    assert pipeline.load_queries(out / "train.jsonl") is None
+    assert pipeline.load_neighbours(out / "train.jsonl") is None
+
+
+def test_a_bad_numgap_quota_is_refused_before_any_write(tmp_path):
+    source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "delta"])
+    out = tmp_path / "out"
+    prepare_lib.prepare(source, out, seed=0)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    with pytest.raises(ValueError, match=r"prepare.numgap_quotas_test: bad quota 'magnitude': -1"):
+        prepare_lib.prepare(source, out, seed=1, build_numgap=True,
+                            quotas_test={"magnitude": -1}, heldout_fraction=0.34)  # fmt: skip
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before

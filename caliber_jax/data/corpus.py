@@ -12,6 +12,7 @@ import math
 import os
 import re
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -75,17 +76,25 @@ def load_records(path: str | os.PathLike, *, text_field: str = "text") -> Iterat
         yield {"text": _decode(data, path, line_offset=0), "doc_name": path.stem}
     elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
         with open_binary(path) as stream:
-            for number, raw in enumerate(stream, start=1):
-                record = _parse_line(raw, path, number, text_field)
-                if record is not None:
-                    yield record
+            number = 0
+            try:
+                for number, raw in enumerate(stream, start=1):
+                    record = _parse_line(raw, path, number, text_field)
+                    if record is not None:
+                        yield record
+            except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+                raise ValueError(f"{path}: not a whole gzip file ({error}; {number} lines "
+                                 f"read)") from error  # fmt: skip
     else:
         raise ValueError(f"{path}: unsupported corpus file; expected .txt, .jsonl or .jsonl.gz")
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some Windows tools write first
+
+
 def _decode(data: bytes, path: Path, line_offset: int) -> str:
     try:
-        return data.decode("utf-8")
+        return data.removeprefix(_BOM if line_offset == 0 else b"").decode("utf-8")
     except UnicodeDecodeError as error:
         line = line_offset + data.count(b"\n", 0, error.start) + 1
         raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {error.start}") from error

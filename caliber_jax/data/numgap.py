@@ -106,7 +106,8 @@ def top_k_by_score(scores: np.ndarray, k: int) -> list[int]:
     return [int(position) for position in positive[order[:k]]]
 
 
-def _check_quotas(quotas: Mapping[str, int], name: str) -> None:
+def check_quotas(quotas: Mapping[str, int], name: str) -> None:
+    """ValueError naming `name` when a category is unknown or a quota negative."""
     for category, quota in quotas.items():
         if category not in perturb.CATEGORIES or quota < 0:
             raise ValueError(f"{name}: bad quota {category!r}: {quota!r}")
@@ -147,8 +148,8 @@ def build_numgap(
     Returns:
       {"dev": [record, ...], "test": [record, ...]} with RECORD_FIELDS keys.
     """
-    _check_quotas(quotas_test, "quotas_test")
-    _check_quotas(quotas_dev, "quotas_dev")
+    check_quotas(quotas_test, "quotas_test")
+    check_quotas(quotas_dev, "quotas_dev")
     ids = [str(passage["id"]) for passage in passages]
     texts = [passage["text"] for passage in passages]
     if len(set(ids)) != len(ids):
@@ -265,7 +266,7 @@ def build_per_rule(
     Returns:
       Records with RECORD_FIELDS keys, in the order they were drawn.
     """
-    _check_quotas({category: per_rule}, "per_rule")
+    check_quotas({category: per_rule}, "per_rule")
     ids = [str(passage["id"]) for passage in passages]
     texts = [passage["text"] for passage in passages]
     excluded = set(exclude)

@@ -40,10 +40,14 @@ _SENTENCE_BREAK_RE = re.compile(r"[.;:!?](?:\s|$|(?=[A-Z]))|\n")
 
 # Appendix D.2, without the PDF spacing artefacts ("(? :" -> "(?:", "\d {2,4}" -> "\d{2,4}",
 # "[ + \u2212 ]" -> "[+\u2212]": VERBOSE keeps spaces inside a character class). re.ASCII keeps
-# `\d` to 0-9, so that reformatting a number never swaps the digits' script.
+# `\d` to 0-9, so that reformatting a number never swaps the digits' script. A span is a whole
+# number or none: it neither starts right after "." or "," nor ends before a digit or a "."/","
+# and a digit, so ".5%", "1.234,56", "31.12.2023", "June 30,2021" and the "75%" of a glued
+# "was7.75%" are no sites (a fragment's edit wrote "7.7.5%", or "7.750%" at the same value); a
+# signed number takes its thousands groups ("\u22121,234").
 NUM_RE = re.compile(
     r"""
-    (?<![A-Za-z0-9])
+    (?<![A-Za-z0-9.,])
     (?:
         \$?\d{1,3}(?:,\d{3})+(?:\.\d+)?
         | \$?\d+\.\d+
@@ -52,8 +56,9 @@ NUM_RE = re.compile(
         | \d+(?:\.\d+)?\s?(?:million|billion|thousand|M|B|K)\b
         | (?:Q[1-4]|FY)\s?\d{2,4}
         | \b(?:19|20)\d{2}\b
-        | [+\u2212]\s?\d+(?:\.\d+)?%?
+        | [+\u2212]\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?
     )
+    (?![.,]?\d)
     """,
     re.VERBOSE | re.IGNORECASE | re.ASCII,
 )
@@ -337,16 +342,29 @@ def _polarity_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -
     for start, end in spans:
         token = text[start:end]
         if token[0] in _SIGN_FLIP:
-            sites.append([Edit(start, start + 1, _SIGN_FLIP[token[0]])])
+            if not _in_sign_pair(text, start):
+                sites.append([Edit(start, start + 1, _SIGN_FLIP[token[0]])])
         elif (
             start > 0
             and text[start - 1] in _SIGN_FLIP
             and (start == 1 or not text[start - 2].isalnum())
+            and not _in_sign_pair(text, start - 1)
             and not _is_period_token(token)
         ):
             # An ASCII "-" (or a "+" the regex left out, as in "+$5") signs the number it touches.
             sites.append([Edit(start - 1, start, _SIGN_FLIP[text[start - 1]])])
     return sites
+
+
+def _in_sign_pair(text: str, sign: int) -> bool:
+    """The sign at `sign` is the second of a "+/-" (or "-/+") pair, which says "either way": no
+    polarity site ("+/-100 basis points" became "+/+100")."""
+    return sign >= 2 and text[sign - 1] == "/" and text[sign - 2] in _SIGN_FLIP
+
+
+# A two-digit companion year after a year ("FY2022-23", "fiscal 2021/22"): shifting the first
+# year alone writes "FY2023-23", so such a year is no period site.
+_YEAR_PAIR_RE = re.compile(r"[-/\u2013]\d{2}(?!\d)", re.ASCII)
 
 
 def _shift_year(digits: str, delta: int) -> str | None:
@@ -369,6 +387,8 @@ def _period_sites(text: str, spans: Sequence[tuple[int, int]], rules: Rules) -> 
         elif _YEAR_RE.fullmatch(token):
             year_start, year_end = start, end
         else:
+            continue
+        if _YEAR_PAIR_RE.match(text, year_end):
             continue
         edits = []
         for delta in _YEAR_SHIFTS:

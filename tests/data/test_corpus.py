@@ -318,3 +318,27 @@ def test_save_jsonl_gz(tmp_path):
 def test_save_json(tmp_path):
     corpus.save_json(tmp_path / "stats.json", {"b": 1, "a": [1, 2]})
     assert json.loads((tmp_path / "stats.json").read_text()) == {"a": [1, 2], "b": 1}
+
+
+def test_a_truncated_or_mislabelled_gzip_is_one_line_naming_the_file(tmp_path):
+    rows = [json.dumps({"doc_name": f"d{i}", "text": "Revenue rose 5%." * 50}) for i in range(50)]
+    whole = gzip.compress(("\n".join(rows) + "\n").encode())
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz: not a whole gzip file \(.*lines read\)"):
+        list(corpus.load_records(truncated))
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text("\n".join(rows) + "\n")
+    with pytest.raises(ValueError, match=r"plain.jsonl.gz: not a whole gzip file \(Not a gzip"):
+        list(corpus.load_records(plain))
+
+
+def test_a_utf8_byte_order_mark_is_not_text(tmp_path):
+    """Windows tools write a byte order mark first: it was the first passage's first character
+    (.txt) or a malformed first line (.jsonl)."""
+    txt = tmp_path / "report.txt"
+    txt.write_bytes(b"\xef\xbb\xbfRevenue rose.\n")
+    assert next(corpus.load_records(txt))["text"] == "Revenue rose.\n"
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + json.dumps({"doc_name": "a", "text": "x"}).encode() + b"\n")
+    assert list(corpus.load_records(jsonl)) == [{"text": "x", "doc_name": "a"}]

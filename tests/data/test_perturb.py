@@ -595,3 +595,66 @@ def test_category_weights_tilt_the_category_draw_and_equal_weights_change_nothin
               for seed in range(200)]  # fmt: skip
     share = [sum(c == "polarity" for c, _ in rows) / 200 for rows in (draw, tilted)]
     assert 0.4 < share[0] < 0.6 and share[1] > 0.85  # 1/2 and 9/10 in expectation
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The expected return on plan assets was7.75% in 2015.",  # pdftotext glue
+        "Rates rose by .5% this year.",
+        "Revenue was 1.234,56 EUR.",  # European grouping
+        "Balance as at 31.12.2023 was high.",
+        "For the period ended June 30,2021 we reported.",
+    ],
+)
+def test_no_site_inside_a_number(text):
+    """A span is a whole number or none: editing a fragment wrote malformed numbers ("7.7.5%",
+    "311.2.2023", "June 302,0201") or the same value ("7.750%", ".50%")."""
+    assert perturb.candidate_edits(text, "magnitude") == []
+    for start, end in perturb.numeric_spans(text):  # "2015" of the first is a whole year
+        assert text[start - 1] not in ".,0123456789" and not re.match(r"[.,]?\d", text[end:])
+    if "2015" not in text:  # a glued year is no period site either
+        assert perturb.candidate_edits(text, "period") == []
+
+
+def test_signed_numbers_keep_their_groups_and_plus_minus_pairs_are_no_sign_sites():
+    text = "Net debt was \u22121,234 million."
+    assert {out for _, out in perturb.candidate_edits(text, "magnitude")} == {
+        "Net debt was \u221212,340 million.", "Net debt was \u2212123.4 million."}  # fmt: skip
+    assert perturb.candidate_edits(text, "polarity") == [("sign", "Net debt was +1,234 million.")]
+    for pair in ("+/-100 basis points", "+/\u2212100 basis points", "-/+100 bps"):
+        assert perturb.candidate_edits(f"A {pair} change in rates.", "polarity") == [], pair
+
+
+@pytest.mark.parametrize("label", ["FY2022-23", "fiscal 2021/22", "FY22-23", "2021\u201322"])
+def test_period_skips_a_year_with_a_two_digit_companion(label):
+    """Shifting the first year of "FY2022-23" alone wrote "FY2023-23"."""
+    assert perturb.candidate_edits(f"Revenue for {label} was 1,234 crore.", "period") == []
+    assert perturb.candidate_edits("Revenue for FY2022 was $5 million.", "period")
+
+
+_WELL_FORMED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+", re.ASCII)
+
+
+def _number_run(text: str, start: int, end: int) -> str:
+    """The run of digits, "." and "," around [start, end), without a trailing "." or ","."""
+    while start > 0 and text[start - 1] in "0123456789.,":
+        start -= 1
+    while end < len(text) and text[end] in "0123456789.,":
+        end += 1
+    return text[start:end].rstrip(".,")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(financial_text)
+def test_magnitude_edits_write_a_well_formed_other_number(text):
+    """Glued or not, every magnitude edit turns a whole, well-formed number into another
+    well-formed number of another value: never a fragment of a longer run of digits."""
+    for _, out in perturb.candidate_edits(text, "magnitude"):
+        start = len(os.path.commonprefix([text, out]))
+        tail = min(len(os.path.commonprefix([text[::-1], out[::-1]])), len(text) - start)
+        before = _number_run(text, start, len(text) - tail)
+        after = _number_run(out, start, len(out) - tail)
+        assert _WELL_FORMED.fullmatch(before) and _WELL_FORMED.fullmatch(after), (text, out)
+        values = (decimal.Decimal(before.replace(",", "")), decimal.Decimal(after.replace(",", "")))
+        assert values[1] in (values[0] * 10, values[0] / 10), (text, out)
