@@ -242,7 +242,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
     ) as handle:
         handle.write(text)
+    os.chmod(handle.name, 0o666 & ~_umask())  # a temporary file is 0600; a results file is not
     os.replace(handle.name, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _number(value) -> str:
@@ -483,6 +490,17 @@ def main(argv: Sequence[str]) -> None:
               for model, label in zip(models, labels, strict=True)]  # fmt: skip
     if len(set(labels)) != len(labels):
         raise ValueError(f"--label: labels must differ, got {labels}")
+    if len(models) > 1:  # each writes <output>/<slug(label)>.json
+        files = [slug(label) for label in labels]
+        same = sorted({label for label, name in zip(labels, files, strict=True)
+                       if files.count(name) > 1})  # fmt: skip
+        if same:
+            raise ValueError(f"--label: {same} would write the same results file "
+                             f"({slug(same[0])}.json): choose labels whose file names "
+                             f"differ")  # fmt: skip
+    if values.max_length is not None and values.max_length < 0:
+        raise ValueError(f"--max_length={values.max_length}: a token count >= 0 (0: the model's "
+                         f"own limit)")  # fmt: skip
     depths = _depths(values.num_layers, len(models))
     encode = dict(dtype=values.dtype, batch_size=values.batch_size, max_length=values.max_length)
     inputs = _inputs(values, encode)

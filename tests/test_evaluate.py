@@ -226,6 +226,37 @@ def test_cli_labels_must_match_models(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model=bm25", "--model=bm25", "--label=my model", "--label=my_model"],
+         "--label: ['my model', 'my_model'] would write the same results file (my_model.json)"),
+        (["--model=bm25", "--max_length=-5"], "--max_length=-5: a token count >= 0"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_labels_of_one_file_and_a_negative_length(tmp_path, flags, message):
+    """Two labels of one file name: the second model's results overwrote the first's."""
+    result = subprocess.run(
+        [sys.executable, "-m", "caliber_jax.evaluate", *flags, f"--output={tmp_path / 'out'}",
+         "--tasks=financebench", f"--financebench={FINANCEBENCH_SAMPLE}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_results_files_have_the_usual_permissions(tmp_path):
+    """A temporary file is created 0600 and the rename kept it: results others could not read."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        evaluate.write_text_atomic(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
 def test_numfine_and_embednum_tasks_with_and_without_nash():
     from caliber_jax.eval import numfine as numfine_lib
 

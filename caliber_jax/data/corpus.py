@@ -75,18 +75,25 @@ def load_records(path: str | os.PathLike, *, text_field: str = "text") -> Iterat
         data = path.read_bytes()
         yield {"text": _decode(data, path, line_offset=0), "doc_name": path.stem}
     elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
-        with open_binary(path) as stream:
-            number = 0
-            try:
-                for number, raw in enumerate(stream, start=1):
-                    record = _parse_line(raw, path, number, text_field)
-                    if record is not None:
-                        yield record
-            except (EOFError, gzip.BadGzipFile, zlib.error) as error:
-                raise ValueError(f"{path}: not a whole gzip file ({error}; {number} lines "
-                                 f"read)") from error  # fmt: skip
+        for number, raw in _numbered_lines(path):
+            record = _parse_line(raw, path, number, text_field)
+            if record is not None:
+                yield record
     else:
         raise ValueError(f"{path}: unsupported corpus file; expected .txt, .jsonl or .jsonl.gz")
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw line) of a (.gz) file; a truncated or mislabelled gzip is a
+    ValueError naming the file (it was a traceback, or an error without the file's name)."""
+    number = 0
+    with open_binary(path) as stream:
+        try:
+            for number, raw in enumerate(stream, start=1):
+                yield number, raw
+        except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+            raise ValueError(f"{path}: not a whole gzip file ({error}; {number} lines "
+                             f"read)") from error  # fmt: skip
 
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some Windows tools write first
@@ -382,20 +389,17 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
     Malformed JSON, a non-object line or non-UTF-8 bytes raise ValueError naming `path:line`.
     """
     path = paths.as_path(path)
-    with open_binary(path) as stream:
-        for number, raw in enumerate(stream, start=1):
-            line = _decode(raw, path, line_offset=number - 1)
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: malformed JSON ({error.msg})") from error
-            if not isinstance(obj, dict):
-                raise ValueError(
-                    f"{path}:{number}: expected a JSON object, got {type(obj).__name__}"
-                )
-            yield number, obj
+    for number, raw in _numbered_lines(path):
+        line = _decode(raw, path, line_offset=number - 1)
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: malformed JSON ({error.msg})") from error
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        yield number, obj
 
 
 def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ def evaluate(
             "the teacher's (or an MRL prefix of it)"
         )
     doc_vecs = mrl.truncate(doc_vecs, student_dim)
-    run = mrl.rank_run(
+    run = retrieval.rank_run(
         query_ids, doc_ids, lambda rows: query_vecs[rows] @ doc_vecs.T, top_k=max(ks)
     )
     return retrieval.retrieval_metrics(qrels, run, ks)

@@ -7,7 +7,7 @@ corpus and ranks by the integer dot product, `binary` keeps sign bits and ranks 
 distance. Quantization is sentence-transformers' `quantize_embeddings`. No jax.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -15,9 +15,6 @@ from caliber_jax.eval import EncodeFn, encode_texts, retrieval
 
 # Truncation dims tried besides the full one; those >= the model's dim are skipped.
 DIMS = (1024, 768, 512, 256, 128, 64)
-
-# Queries scored per block, bounding memory to chunk_size * N scores (and bytes for Hamming).
-CHUNK_SIZE = 256
 
 
 def truncate(vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -62,37 +59,6 @@ def hamming_distances(query_bits: np.ndarray, doc_bits: np.ndarray) -> np.ndarra
     return distances
 
 
-def rank_run(
-    query_ids: Sequence[str],
-    doc_ids: Sequence[str],
-    score_fn: Callable[[slice], np.ndarray],
-    top_k: int,
-) -> dict[str, dict[str, float]]:
-    """A run with each query's `top_k` best docs plus any docs tied with the k-th.
-
-    Quantized scores tie often; keeping the whole tie at the cut lets `retrieval_metrics`
-    break it by doc id (as trec_eval and MTEB do) instead of by the order `argpartition` picks.
-
-    Args:
-      query_ids: Q query ids.
-      doc_ids: N doc ids.
-      score_fn: a slice of query rows -> `[rows, N]` scores, higher is better.
-      top_k: docs kept per query (before ties).
-
-    Returns:
-      {qid: {doc id: score}}.
-    """
-    k = min(top_k, len(doc_ids))
-    run = {}
-    for start in range(0, len(query_ids), CHUNK_SIZE):
-        scores = np.asarray(score_fn(slice(start, start + CHUNK_SIZE)), np.float64)
-        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
-        for qid, row, cut in zip(query_ids[start : start + CHUNK_SIZE], scores, kth, strict=True):
-            kept = np.flatnonzero(row >= cut)
-            run[qid] = {doc_ids[j]: float(row[j]) for j in kept}
-    return run
-
-
 def variant_runs(
     query_vecs: np.ndarray,
     doc_vecs: np.ndarray,
@@ -113,18 +79,18 @@ def variant_runs(
     variants = {}
     for dim in [full, *sorted({d for d in dims if d < full}, reverse=True)]:
         query_part, doc_part = truncate(query_vecs, dim), truncate(doc_vecs, dim)
-        variants[f"dim_{dim}"] = rank_run(
+        variants[f"dim_{dim}"] = retrieval.rank_run(
             query_ids, doc_ids, lambda rows, q=query_part, d=doc_part: q[rows] @ d.T, top_k
         )
     # Both sides use the corpus ranges, as sentence-transformers' int8 search does.
     # float64 holds the integer dot products (|sum| <= 128^2 * D) exactly and uses BLAS.
     query_codes = quantize_int8(query_vecs, doc_vecs).astype(np.float64)
     doc_codes = quantize_int8(doc_vecs, doc_vecs).astype(np.float64)
-    variants["int8"] = rank_run(
+    variants["int8"] = retrieval.rank_run(
         query_ids, doc_ids, lambda rows: query_codes[rows] @ doc_codes.T, top_k
     )
     query_bits, doc_bits = quantize_binary(query_vecs), quantize_binary(doc_vecs)
-    variants["binary"] = rank_run(
+    variants["binary"] = retrieval.rank_run(
         query_ids, doc_ids, lambda rows: -hamming_distances(query_bits[rows], doc_bits), top_k
     )
     return variants

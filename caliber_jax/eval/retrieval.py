@@ -5,7 +5,7 @@ nDCG@k, Recall@k and MAP@k come from `pytrec_eval` (trec_eval's `ndcg_cut`, `rec
 (`calculate_retrieval_scores`, `mrr`). No jax.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -113,47 +113,42 @@ def mean_metrics(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, floa
     return means
 
 
-def search(
-    query_vecs: np.ndarray, doc_vecs: np.ndarray, top_k: int, *, chunk_size: int = 1024
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k by dot product, `chunk_size` queries at a time.
+# Queries scored per block, bounding memory to RANK_CHUNK * N scores.
+RANK_CHUNK = 256
+
+
+def rank_run(
+    query_ids: Sequence[str],
+    doc_ids: Sequence[str],
+    score_fn: Callable[[slice], np.ndarray],
+    top_k: int,
+) -> dict[str, dict[str, float]]:
+    """A trec run with each query's `top_k` best docs plus every doc tied with the k-th.
+
+    Scores tie (identical texts, BM25's zeros, quantized vectors): keeping the whole tie at the
+    cut lets `retrieval_metrics` break it by doc id, as trec_eval and MTEB do, rather than by the
+    order a partial sort happens to leave (which kept or dropped a relevant doc at the @100 cut).
 
     Args:
-      query_vecs: `[Q, D]` query vectors.
-      doc_vecs: `[N, D]` document vectors.
-      top_k: results per query (capped at N).
-      chunk_size: queries scored per matmul, bounding memory to chunk_size * N floats.
+      query_ids: Q query ids.
+      doc_ids: N doc ids.
+      score_fn: a slice of query rows -> `[rows, N]` scores, higher is better.
+      top_k: docs kept per query (before ties), capped at N.
 
     Returns:
-      `(scores, indices)`, both `[Q, min(top_k, N)]`, best first.
+      {qid: {doc id: score}}.
     """
-    if query_vecs.ndim != 2 or doc_vecs.ndim != 2 or query_vecs.shape[1] != doc_vecs.shape[1]:
-        raise ValueError(f"query {query_vecs.shape} and doc {doc_vecs.shape} must be [*, D]")
     if top_k < 1:
         raise ValueError(f"top_k={top_k} must be >= 1")
-    k = min(top_k, doc_vecs.shape[0])
-    doc_vecs = np.asarray(doc_vecs, np.float32)
-    all_scores, all_indices = [], []
-    for start in range(0, query_vecs.shape[0], chunk_size):
-        scores = np.asarray(query_vecs[start : start + chunk_size], np.float32) @ doc_vecs.T
-        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        top_scores = np.take_along_axis(scores, top, axis=1)
-        order = np.argsort(-top_scores, axis=1, kind="stable")
-        all_indices.append(np.take_along_axis(top, order, axis=1))
-        all_scores.append(np.take_along_axis(top_scores, order, axis=1))
-    if not all_scores:
-        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-    return np.concatenate(all_scores), np.concatenate(all_indices)
-
-
-def to_run(
-    query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray
-) -> dict[str, dict[str, float]]:
-    """`search`'s `(scores, indices)` as a trec run: query id -> {doc id: score}."""
-    return {
-        qid: {doc_ids[j]: float(s) for s, j in zip(row_scores, row_indices, strict=True)}
-        for qid, row_scores, row_indices in zip(query_ids, scores, indices, strict=True)
-    }
+    k = min(top_k, len(doc_ids))
+    run = {}
+    for start in range(0, len(query_ids), RANK_CHUNK):
+        scores = np.asarray(score_fn(slice(start, start + RANK_CHUNK)), np.float64)
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]
+        for qid, row, cut in zip(query_ids[start : start + RANK_CHUNK], scores, kth, strict=True):
+            kept = np.flatnonzero(row >= cut)
+            run[qid] = {doc_ids[j]: float(row[j]) for j in kept}
+    return run
 
 
 def load_financebench(
@@ -205,7 +200,8 @@ def bm25_run(
     (PyStemmer is not a dependency), so scores can differ slightly from MTEB's BM25 row.
 
     Returns:
-      A run {qid: {doc id: score}} with min(top_k, len(corpus)) docs per query.
+      A run {qid: {doc id: score}} with min(top_k, len(corpus)) docs per query and the docs tied
+      with the last (`rank_run`).
     """
     import bm25s  # here, not at the top: every `caliber_jax.evaluate` launch would pay ~0.2 s
 
@@ -216,13 +212,15 @@ def bm25_run(
     )
     retriever.index(corpus_tokens, show_progress=False)
     query_ids = list(queries)
-    query_tokens = bm25s.tokenize(
-        [queries[q] for q in query_ids], stopwords="en", show_progress=False
+    tokens = bm25s.tokenize(
+        [queries[q] for q in query_ids], stopwords="en", show_progress=False, return_ids=False
     )
-    indices, scores = retriever.retrieve(
-        query_tokens, k=min(top_k, len(doc_ids)), show_progress=False
-    )
-    return to_run(query_ids, doc_ids, scores, indices)
+
+    def scores(rows: slice) -> np.ndarray:  # a query of stopwords alone ties every doc at 0
+        return np.stack([retriever.get_scores(query) if query else np.zeros(len(doc_ids))
+                         for query in tokens[rows]])  # fmt: skip
+
+    return rank_run(query_ids, doc_ids, scores, top_k)
 
 
 def evaluate(
@@ -269,5 +267,8 @@ def dense_run(
         texts = [format_query(text, query_prompt) for text in texts]
     query_vecs = encode_texts(encode_fn, texts, "queries")
     doc_vecs = encode_texts(encode_fn, [corpus[d] for d in doc_ids], "corpus")
-    scores, indices = search(query_vecs, doc_vecs, top_k)
-    return to_run(query_ids, doc_ids, scores, indices)
+    doc_vecs = np.asarray(doc_vecs, np.float32)
+    return rank_run(
+        query_ids, doc_ids, lambda rows: np.asarray(query_vecs[rows], np.float32) @ doc_vecs.T,
+        top_k,
+    )  # fmt: skip

@@ -115,12 +115,18 @@ def per_query_values(result: Mapping[str, Any], task: str, metric: str) -> dict[
     """One model's per-query `metric` of `task` from a `caliber_jax.evaluate` results dict."""
     label = result.get("label", "the results")
     try:
-        return dict(result[PER_QUERY][task][metric])
+        values = dict(result[PER_QUERY][task][metric])
     except KeyError:
         raise ValueError(
             f"{label} has no per-query {metric} for {task!r} (evaluate it again: per-query values "
             "are saved since the paired comparisons were added)"
         ) from None
+    except (TypeError, ValueError):  # a results file edited or written by another tool
+        raise ValueError(f"{label}: {PER_QUERY}.{task}.{metric} is not an object of "
+                         f"query id -> value") from None  # fmt: skip
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values.values()):
+        raise ValueError(f"{label}: {PER_QUERY}.{task}.{metric} holds a value that is not a number")
+    return values
 
 
 @functools.lru_cache(maxsize=4096)

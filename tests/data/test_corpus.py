@@ -331,6 +331,9 @@ def test_a_truncated_or_mislabelled_gzip_is_one_line_naming_the_file(tmp_path):
     plain.write_text("\n".join(rows) + "\n")
     with pytest.raises(ValueError, match=r"plain.jsonl.gz: not a whole gzip file \(Not a gzip"):
         list(corpus.load_records(plain))
+    # every other JSONL reader (FinanceBench, NumGap, results) goes through iter_jsonl
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz: not a whole gzip file"):
+        list(corpus.iter_jsonl(truncated))
 
 
 def test_a_utf8_byte_order_mark_is_not_text(tmp_path):

@@ -111,20 +111,47 @@ def test_matches_mteb_on_random_runs():
         assert ours[f"mrr_at_{k}"] == pytest.approx(theirs.mrr[f"MRR@{k}"], abs=1e-12)
 
 
-def test_search_matches_brute_force():
+def test_rank_run_is_the_exact_top_k_across_chunks(monkeypatch):
+    monkeypatch.setattr(retrieval, "RANK_CHUNK", 3)
     rng = np.random.default_rng(1)
     queries = rng.normal(size=(7, 5)).astype(np.float32)
     docs = rng.normal(size=(20, 5)).astype(np.float32)
-    scores, indices = retrieval.search(queries, docs, 4, chunk_size=3)
     full = queries @ docs.T
-    expected = np.argsort(-full, axis=1)[:, :4]
-    np.testing.assert_array_equal(indices, expected)
-    np.testing.assert_allclose(scores, np.take_along_axis(full, expected, axis=1), rtol=1e-6)
-    scores, indices = retrieval.search(queries, docs, 100, chunk_size=3)
-    assert scores.shape == indices.shape == (7, 20)
-    assert np.all(np.diff(scores, axis=1) <= 0)
-    with pytest.raises(ValueError, match="must be"):
-        retrieval.search(queries, docs[:, :4], 3)
+    ids = [f"d{j:02d}" for j in range(20)]
+    run = retrieval.rank_run([f"q{i}" for i in range(7)], ids, lambda rows: full[rows], 4)
+    for i, row in enumerate(full):
+        best = np.argsort(-row)[:4]
+        assert run[f"q{i}"] == {ids[j]: pytest.approx(float(row[j])) for j in best}
+    assert all(len(docs) == 20 for docs in
+               retrieval.rank_run(["a"], ids, lambda rows: full[:1], 100).values())  # fmt: skip
+    with pytest.raises(ValueError, match="top_k=0 must be >= 1"):
+        retrieval.rank_run(["a"], ids, lambda rows: full[:1], 0)
+
+
+def test_rank_run_keeps_ties_at_the_cut():
+    scores = np.array([[3.0, 1.0, 2.0, 2.0, 0.0]])
+    run = retrieval.rank_run(["q"], list("abcde"), lambda rows: scores[rows], top_k=2)
+    # a is first; c and d tie for second, both kept so retrieval_metrics breaks the tie.
+    assert run == {"q": {"a": 3.0, "c": 2.0, "d": 2.0}}
+
+
+def test_a_relevant_doc_tied_at_the_cut_counts_as_the_tie_rule_places_it():
+    """120 docs tie; the relevant one is 115th by the tie rule (doc id descending), so it is not
+    in the top 100: a partial sort kept it (recall@100 1.0) or not, as it happened."""
+    ids = [f"doc{j:05d}" for j in range(120)]
+    qrels = {"q": {"doc00005": 1}}
+    vectors = {text: np.full(4, 0.5, np.float32) for text in ["question", *ids]}
+    metrics = retrieval.evaluate(
+        _lookup_encoder(vectors, []), queries={"q": "question"},
+        corpus={doc: doc for doc in ids}, qrels=qrels, ks=(10, 100),
+    )  # fmt: skip
+    assert metrics["recall_at_100"] == 0.0
+    qrels = {"q": {"doc00025": 1}}  # 95th by the tie rule: inside
+    metrics = retrieval.evaluate(
+        _lookup_encoder(vectors, []), queries={"q": "question"},
+        corpus={doc: doc for doc in ids}, qrels=qrels, ks=(10, 100),
+    )  # fmt: skip
+    assert metrics["recall_at_100"] == 1.0 and metrics["mrr_at_100"] == pytest.approx(1 / 95)
 
 
 def _lookup_encoder(table, seen):
@@ -210,11 +237,11 @@ def test_load_financebench_bad_record(tmp_path):
 
 def test_bm25_run_on_toy_and_financebench():
     corpus = {"d1": "the cat sat on the mat", "d2": "revenue grew in fiscal 2022", "d3": "dogs"}
-    run = retrieval.bm25_run({"q": "revenue growth 2022"}, corpus, top_k=2)
-    # "revenue" and "2022" match d2 ("growth" is not stemmed to "grew"); the others score 0.
-    assert len(run["q"]) == 2
-    assert max(run["q"], key=run["q"].get) == "d2"
-    assert run["q"]["d2"] > 0 and min(run["q"].values()) == 0.0
+    run = retrieval.bm25_run({"q": "revenue growth 2022", "s": "of the"}, corpus, top_k=2)
+    # "revenue" and "2022" match d2 ("growth" is not stemmed to "grew"); the others score 0 and
+    # tie at the cut, so both are kept; a query of stopwords alone ties every doc at 0.
+    assert run["q"]["d2"] > 0 and run["q"] == {**run["q"], "d1": 0.0, "d3": 0.0}
+    assert run["s"] == {"d1": 0.0, "d2": 0.0, "d3": 0.0}
 
     queries, corpus, qrels = retrieval.load_financebench(FINANCEBENCH)
     metrics = retrieval.retrieval_metrics(qrels, retrieval.bm25_run(queries, corpus, 100))

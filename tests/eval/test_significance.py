@@ -224,3 +224,15 @@ def test_seed_means_average_metrics_and_queries_and_pair_like_a_seed():
     tables = significance.paired_tables(plain, resamples=100, extra=extra)
     assert tables.count("| Caliber lp long s0+s1 | Initial t384 s0 | 0.7000 | 0.4500 |") == 1
     assert "| LEAF lp long s2 | Initial t384 s0 |" not in tables  # no per-query values
+
+
+def test_per_query_values_that_are_not_an_object_of_numbers_are_one_line():
+    """A results file written or edited by another tool: a TypeError traceback in `compare`."""
+    cases = [([], "is not an object"), ({"financebench": []}, "is not an object"),
+             ({"financebench": {"ndcg_at_10": {"q": "1"}}}, "holds a value")]  # fmt: skip
+    for per_query, message in cases:
+        with pytest.raises(ValueError, match=f"x: per_query.financebench.ndcg_at_10 {message}"):
+            significance.per_query_values({"label": "x", "per_query": per_query},
+                                          "financebench", "ndcg_at_10")  # fmt: skip
+    good = {"label": "x", "per_query": {"financebench": {"ndcg_at_10": {"q": 0.5, "r": 1}}}}
+    assert significance.per_query_values(good, "financebench", "ndcg_at_10") == {"q": 0.5, "r": 1}
