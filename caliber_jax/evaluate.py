@@ -162,6 +162,18 @@ TASKS: dict[str, Callable[[EncodeFn | None, EvalInputs], dict]] = {
 }
 # Tasks that need no encoder, i.e. that the BM25 model can run.
 LEXICAL_TASKS = ("financebench", BM25)
+# What each task reads from `EvalInputs` (field, and what its error calls it): checked for every
+# task before the first runs, so a missing --numgap is not found after the corpus is encoded.
+_FINANCEBENCH = ("financebench", "FinanceBench data")
+TASK_NEEDS = {
+    "financebench": (_FINANCEBENCH,),
+    BM25: (_FINANCEBENCH,),
+    "mrl": (_FINANCEBENCH,),
+    "asymmetric": (_FINANCEBENCH, ("teacher_encode_fn", "a teacher (--teacher)")),
+    "numgap": (("numgap", "NumGap records"),),
+    "numfine": (("numfine", "NumFinE units (--numfine)"),),
+    "within_doc": (("within_doc_items", "--financebench and --filings"),),
+}
 
 
 def cache_encodings(encode_fn: EncodeFn) -> EncodeFn:
@@ -206,6 +218,9 @@ def run_evaluation(
         raise ValueError(f"tasks {list(tasks)} repeat a task")
     if encode_fn is None and any(task not in LEXICAL_TASKS for task in tasks):
         raise ValueError(f"the BM25 model runs only {LEXICAL_TASKS}, not {list(tasks)}")
+    for task in tasks:
+        for field, what in TASK_NEEDS.get(task, ()):
+            _need(getattr(inputs, field), what, task)
     if encode_fn is not None:
         encode_fn = cache_encodings(encode_fn)
     results: dict[str, Any] = {}

@@ -139,6 +139,12 @@ def test_bm25_model_and_task_errors():
         evaluate.run_evaluation(lambda texts: np.eye(2)[: len(texts)], ["numgap"], inputs)
     with pytest.raises(ValueError, match=r"needs a teacher"):
         evaluate.run_evaluation(lambda texts: np.eye(2)[: len(texts)], ["asymmetric"], inputs)
+    # Every task's input is checked before the first task encodes anything.
+    encoded = []
+    with pytest.raises(ValueError, match="task 'numgap' needs NumGap records"):
+        evaluate.run_evaluation(lambda texts: encoded.append(texts) or np.eye(2)[: len(texts)],
+                                ["financebench", "numgap"], inputs)  # fmt: skip
+    assert encoded == []
 
 
 def test_cache_encodings_encodes_each_text_once():
