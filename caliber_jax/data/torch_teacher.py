@@ -12,10 +12,82 @@ from pathlib import Path
 
 import numpy as np
 
+from caliber_jax import tokenization
 from caliber_jax.data import padding
+from caliber_jax.models import st_layout
 from caliber_jax.models.st_layout import is_sentence_transformers_dir, read_st_pooling
 
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
+# The config file each module kind's folder holds. sentence-transformers reads a missing one as
+# {} and fails later with a TypeError (Dense) or loads defaults silently; a Normalize module has
+# no settings, and older sentence-transformers saved it without a folder.
+_MODULE_CONFIGS = {"Transformer": "config.json", "Pooling": "config.json", "Dense": "config.json"}
+_FOLDERLESS_MODULES = ("Normalize",)
+
+
+def check_tokenizer_files(tokenizer_dir: Path) -> None:
+    """Raises a ValueError naming `tokenizer_dir` when it holds none of the tokenizer files
+    (`tokenization.TOKENIZER_FILES`, what the Flax backend requires): transformers would load an
+    empty vocabulary (every word [UNK]) and encode without an error."""
+    if not any((tokenizer_dir / name).is_file() for name in tokenization.TOKENIZER_FILES):
+        raise ValueError(f"{tokenizer_dir}: no tokenizer files "
+                         f"({', '.join(tokenization.TOKENIZER_FILES)})")  # fmt: skip
+
+
+def check_st_modules(model_dir: Path) -> None:
+    """Raises a ValueError naming the folder or file when a module that `modules.json` lists has
+    no folder or no config in it, and when the Transformer module's folder has no tokenizer:
+    checked before sentence-transformers loads them (a TypeError traceback, or an empty
+    tokenizer, there)."""
+    listing = model_dir / "modules.json"
+    for module in st_layout.read_json(listing):
+        kind = st_layout.module_kind(module)
+        if kind in _FOLDERLESS_MODULES:
+            continue
+        folder = model_dir / module.get("path", "")
+        if not folder.is_dir():
+            raise ValueError(f"{folder}: the {kind} module listed in {listing} is missing")
+        config = _MODULE_CONFIGS.get(kind)
+        if config and not (folder / config).is_file():
+            raise ValueError(f"{folder}: the {kind} module listed in {listing} has no {config}")
+        if kind == "Transformer":
+            check_tokenizer_files(folder)
+
+
+def check_max_length(
+    max_length: int | None, *, model_dir: Path, own: int, positions: int | None
+) -> int:
+    """The token limit to encode at: `max_length`, or the model's `own` for None or 0 (as the Flax
+    backend reads 0). A negative one, or one past the `positions` the model embeds, is a
+    ValueError naming `model_dir` (torch would fail mid-run with a size-mismatch traceback)."""
+    if not max_length:
+        return own
+    if max_length < 0:
+        raise ValueError(f"{model_dir}: max_length={max_length} is negative (0 or None: the "
+                         f"model's own, {own})")  # fmt: skip
+    if positions is not None and max_length > positions:
+        raise ValueError(f"{model_dir}: max_length={max_length} exceeds the {positions} "
+                         "positions the model embeds (max_position_embeddings)")  # fmt: skip
+    return max_length
+
+
+def position_limit(model) -> int | None:
+    """The longest input a torch `model` (a transformers model, or a pipeline holding one) embeds:
+    the rows of its learned position table, less RoBERTa-style offsets (XLM-R, MPNet: positions
+    start after the pad id, so 514 rows hold 512), else its config's `max_position_embeddings`
+    (rotary positions), else None."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(getattr(module, "position_embeddings", None), torch.nn.Embedding):
+            padding_idx = getattr(module, "padding_idx", None)
+            offset = padding_idx + 1 if isinstance(padding_idx, int) else 0
+            return module.position_embeddings.num_embeddings - offset
+    for module in model.modules():
+        positions = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+        if isinstance(positions, int) and positions > 0:  # xlnet's -1: no limit
+            return positions
+    return None
 
 
 def resolve_device(device: str) -> str:
@@ -63,6 +135,7 @@ class TorchEncoder:
         if self.is_sentence_transformers:
             from sentence_transformers import SentenceTransformer
 
+            check_st_modules(self.model_dir)
             found = read_st_pooling(self.model_dir)
             if pooling and pooling != found:
                 raise ValueError(
@@ -82,25 +155,41 @@ class TorchEncoder:
             if pooling not in ("mean", "cls", "last"):
                 raise ValueError(f"{self.model_dir}: pooling={pooling!r} not in mean/cls/last")
             self.pooling = pooling
+            check_tokenizer_files(self.model_dir)
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
             self._model = AutoModel.from_pretrained(
                 str(self.model_dir), torch_dtype=self._torch_dtype
             )
             self._model.to(self.device).eval()
             self.dim = int(self._model.config.hidden_size)
+        self.positions = position_limit(self._model)
+        # Read once: `_encode` sets a sentence-transformers model's max_seq_length per call.
+        self._own_max_length = self._read_own_max_length()
+
+    def _read_own_max_length(self) -> int:
+        # Capped at the position table: a tokenizer without a recorded limit says 1e30, and
+        # sentence-transformers caps at max_position_embeddings, 2 past what MPNet's table holds.
+        if self.is_sentence_transformers:
+            own = self._model.max_seq_length
+        else:
+            own = self._tokenizer.model_max_length
+        return int(min(n for n in (own, self.positions) if n))
 
     def model_max_length(self) -> int:
         """The longest input the model takes (position embeddings / its own limit)."""
-        if self.is_sentence_transformers:
-            return int(self._model.max_seq_length)
-        config = self._model.config
-        return int(min(self._tokenizer.model_max_length, config.max_position_embeddings))
+        return self._own_max_length
+
+    def resolve_max_length(self, max_length: int | None) -> int:
+        """`max_length` checked against the position table (`check_max_length`); None or 0 = the
+        model's own limit."""
+        return check_max_length(max_length, model_dir=self.model_dir,
+                                own=self.model_max_length(), positions=self.positions)  # fmt: skip
 
     def token_lengths(self, texts: Sequence[str], max_length: int | None) -> np.ndarray:
         """[n] tokens of each text with special tokens, cut at `max_length` (None = the model's
         own limit): what one row of `encode` holds before padding."""
         tokenizer = self._model.tokenizer if self.is_sentence_transformers else self._tokenizer
-        limit = self.model_max_length() if max_length is None else max_length
+        limit = self.resolve_max_length(max_length)
         ids = tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
         return np.asarray([len(row) for row in ids], np.int64)
 
@@ -127,14 +216,14 @@ class TorchEncoder:
         """
         import torch
 
+        limit = self.resolve_max_length(max_length)
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         device_type = self.device.split(":")[0]
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast):
             if not tokens_per_batch:
-                return self._encode(texts, batch_size=batch_size, max_length=max_length)
-            limit = self.model_max_length() if max_length is None else max_length
+                return self._encode(texts, batch_size=batch_size, limit=limit)
             plan = padding.batch_plan(
                 self.token_lengths(texts, limit), batch_size=batch_size, max_length=limit,
                 tokens_per_batch=tokens_per_batch,
@@ -142,13 +231,12 @@ class TorchEncoder:
             out = np.zeros((len(texts), self.dim), np.float32)
             for rows, _, _ in plan:
                 batch = [texts[row] for row in rows]
-                out[rows] = self._encode(batch, batch_size=len(batch), max_length=limit)
+                out[rows] = self._encode(batch, batch_size=len(batch), limit=limit)
             return out
 
-    def _encode(self, texts: list[str], *, batch_size: int, max_length: int | None) -> np.ndarray:
+    def _encode(self, texts: list[str], *, batch_size: int, limit: int) -> np.ndarray:
         import torch
 
-        limit = self.model_max_length() if max_length is None else max_length
         if self.is_sentence_transformers:
             self._model.max_seq_length = limit
             vectors = self._model.encode(
@@ -169,7 +257,9 @@ class TorchEncoder:
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
     def encode_fn(self, *, batch_size: int, max_length: int | None, tokens_per_batch: int = 0):
-        """`texts -> [n, D]` with these settings (the evaluation interface)."""
+        """`texts -> [n, D]` with these settings (the evaluation interface); a bad `max_length`
+        fails here, before any text is encoded."""
+        self.resolve_max_length(max_length)
         return lambda texts: self.encode(texts, batch_size=batch_size, max_length=max_length,
                                          tokens_per_batch=tokens_per_batch)  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -286,3 +287,119 @@ def test_plain_dir_pools_real_tokens_on_either_padding_side(qwen_tokenizer_dir, 
             assert np.isfinite(batched).all(), (side, pooling)
             np.testing.assert_allclose(batched, np.concatenate(alone), atol=1e-5, rtol=0,
                                        err_msg=f"{side} padding, {pooling}")  # fmt: skip
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+
+
+def _linked_copy(source: Path, target: Path, *, leave_out: tuple[str, ...] = ()) -> Path:
+    """`target` holding a symlink to each entry of `source` but those named in `leave_out`."""
+    target.mkdir()
+    for entry in source.iterdir():
+        if entry.name not in leave_out:
+            (target / entry.name).symlink_to(entry)
+    return target
+
+
+def _refuse_loading(monkeypatch) -> None:
+    """Makes any model load fail the test: a refusal must come before loading."""
+    import sentence_transformers
+    import transformers
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the directory was checked")
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", loaded)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loaded)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", loaded)
+
+
+def test_a_dir_without_tokenizer_files_is_refused_before_loading(minilm_dir, tmp_path, monkeypatch):
+    """Without its tokenizer files transformers builds an empty vocabulary (every word [UNK])
+    and the vectors come out without an error: refused, in the sentence-transformers and the
+    plain layout, as the Flax backend refuses."""
+    no_tokenizer = _linked_copy(minilm_dir, tmp_path / "st", leave_out=TOKENIZER_FILES)
+    plain = _linked_copy(
+        minilm_dir, tmp_path / "plain", leave_out=(*TOKENIZER_FILES, "modules.json")
+    )
+    _refuse_loading(monkeypatch)
+    for directory in (no_tokenizer, plain):
+        with pytest.raises(
+            ValueError, match=rf"^{re.escape(str(directory))}: no tokenizer files \(tokenizer.json"
+        ):
+            torch_teacher.TorchEncoder(directory, pooling="mean", dtype="float32", device="cpu")
+
+
+def test_a_module_folder_listed_but_missing_is_refused(minilm_dir, tmp_path, monkeypatch):
+    """A Dense module that modules.json lists without its folder (sentence-transformers: a
+    TypeError traceback from Dense.__init__) or without its config.json is one ValueError naming
+    the folder; a present Dense module loads and sets the width."""
+    from sentence_transformers.models import Dense
+
+    modules = json.loads((minilm_dir / "modules.json").read_text())
+    dense = {"idx": 3, "name": "3", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    student = _linked_copy(minilm_dir, tmp_path / "student", leave_out=("modules.json",))
+    (student / "modules.json").write_text(json.dumps([*modules[:2], dense, modules[2]]))
+    listing = f"{student}/modules.json"
+    with monkeypatch.context() as patched:
+        _refuse_loading(patched)
+        missing = f"{student}/2_Dense: the Dense module listed in {listing} is missing"
+        with pytest.raises(ValueError, match=f"^{re.escape(missing)}$"):
+            torch_teacher.TorchEncoder(student, pooling="mean", dtype="float32", device="cpu")
+        (student / "2_Dense").mkdir()
+        with pytest.raises(
+            ValueError, match=rf"^{re.escape(str(student))}/2_Dense: .* has no config.json$"
+        ):
+            torch_teacher.TorchEncoder(student, pooling="mean", dtype="float32", device="cpu")
+    Dense(in_features=384, out_features=128).save(str(student / "2_Dense"))
+    encoder = torch_teacher.TorchEncoder(student, pooling="mean", dtype="float32", device="cpu")
+    assert encoder.dim == 128
+    assert encoder.encode(["Revenue rose 12%."], batch_size=1, max_length=None).shape == (1, 128)
+
+
+def test_max_length_zero_is_the_models_own_and_past_the_positions_is_refused(
+    minilm_dir, filing_passages, reference
+):
+    """0 means the model's own limit (as on the Flax backend; it used to reach torch as "no
+    truncation" and fail on a long text); a length past the 512-row position table or below 0 is
+    one ValueError naming the directory, before any encoding; 512 itself encodes."""
+    encoder = torch_teacher.TorchEncoder(minilm_dir, pooling="mean", dtype="float32", device="cpu")
+    long_text = " ".join(filing_passages) * 2  # thousands of tokens
+    assert encoder.token_lengths([long_text], 0).tolist() == [MAX_LENGTH]
+    texts = [filing_passages[0], long_text]
+    own = encoder.encode(texts, batch_size=2, max_length=None)
+    np.testing.assert_array_equal(encoder.encode_fn(batch_size=2, max_length=0)(texts), own)
+    assert np.abs(own[0] - reference[0]).max() <= 1e-5
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(minilm_dir))}: max_length=1000 exceeds the 512 "
+    ):
+        encoder.encode_fn(batch_size=2, max_length=1000)
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(minilm_dir))}: max_length=-5 is negative"
+    ):
+        encoder.encode(texts, batch_size=2, max_length=-5)
+    at_table = encoder.encode([long_text], batch_size=1, max_length=512)
+    assert np.isfinite(at_table).all() and np.abs(at_table - own[1]).max() > 1e-3
+    # Encoding at 512 leaves the model's own limit (sentence-transformers' max_seq_length) alone.
+    assert (encoder.model_max_length(), encoder.positions) == (MAX_LENGTH, 512)
+    np.testing.assert_array_equal(encoder.encode(texts, batch_size=2, max_length=None), own)
+
+
+def test_position_limit_reads_the_table_less_its_offset():
+    """BERT embeds max_position_embeddings positions, MPNet two fewer (its positions start after
+    the pad id), Qwen3's rotary positions stop at max_position_embeddings."""
+    import transformers
+
+    sizes = dict(vocab_size=64, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=16, max_position_embeddings=40)  # fmt: skip
+    bert = transformers.BertModel(transformers.BertConfig(**sizes))
+    mpnet = transformers.MPNetModel(transformers.MPNetConfig(**sizes))
+    qwen3 = transformers.Qwen3Model(
+        transformers.Qwen3Config(**sizes, num_key_value_heads=1, head_dim=4)
+    )
+    assert [torch_teacher.position_limit(m) for m in (bert, mpnet, qwen3)] == [40, 38, 40]
