@@ -107,6 +107,19 @@ def _decode(data: bytes, path: Path, line_offset: int) -> str:
         raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {error.start}") from error
 
 
+def _check_surrogates(line: str, obj: Any, where: str) -> None:
+    """A JSON escape of half a UTF-16 pair ("\\ud800") parses into a string no tokenizer or UTF-8
+    writer takes (a TypeError deep in tokenization): ValueError naming `where`. Only lines that
+    hold such an escape are checked."""
+    if "\\ud" not in line.lower():
+        return
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{where}: an escaped lone surrogate ({error.object[error.start]!a}) "
+                         f"is not text") from None  # fmt: skip
+
+
 def _parse_line(raw: bytes, path: Path, number: int, text_field: str) -> dict[str, Any] | None:
     line = _decode(raw, path, line_offset=number - 1)
     if not line.strip():
@@ -119,6 +132,7 @@ def _parse_line(raw: bytes, path: Path, number: int, text_field: str) -> dict[st
         ) from error
     if not isinstance(obj, dict):
         raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+    _check_surrogates(line, obj, f"{path}:{number}")
     if text_field not in obj:
         raise ValueError(f"{path}:{number}: missing text field {text_field!r}")
     text = obj.pop(text_field)
@@ -399,6 +413,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             raise ValueError(f"{path}:{number}: malformed JSON ({error.msg})") from error
         if not isinstance(obj, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        _check_surrogates(line, obj, f"{path}:{number}")
         yield number, obj
 
 

@@ -345,3 +345,16 @@ def test_a_utf8_byte_order_mark_is_not_text(tmp_path):
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_bytes(b"\xef\xbb\xbf" + json.dumps({"doc_name": "a", "text": "x"}).encode() + b"\n")
     assert list(corpus.load_records(jsonl)) == [{"text": "x", "doc_name": "a"}]
+
+
+def test_an_escaped_lone_surrogate_is_one_line_and_a_pair_is_text(tmp_path):
+    """JSON lets "\\ud800" stand alone; the string it parses into broke the tokenizer (a
+    TypeError traceback in evaluate); a whole pair ("\\ud83d\\ude00") is an emoji, kept."""
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"doc_name": "a", "text": "up \\ud83d\\ude00"}\n'
+                    '{"doc_name": "b", "text": "bad \\ud800 x"}\n')  # fmt: skip
+    for read in (corpus.iter_jsonl, corpus.load_records):
+        with pytest.raises(ValueError, match=r"q.jsonl:2: an escaped lone surrogate"):
+            list(read(path))
+    path.write_text('{"doc_name": "a", "text": "up \\ud83d\\ude00"}\n')
+    assert next(corpus.load_records(path))["text"] == "up \U0001f600"
