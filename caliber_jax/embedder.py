@@ -86,8 +86,10 @@ class Embedder:
         *,
         max_length: int,
         data_parallel: bool = False,
+        source: str | None = None,
     ):
         self.spec = spec
+        self.source = source  # the directory it was loaded from, for messages
         self.graphdef = graphdef
         self.params = params
         self.tokenizer = tokenizer
@@ -164,6 +166,7 @@ class Embedder:
             tokenizer,
             max_length=_max_length(path, spec),
             data_parallel=data_parallel,
+            source=str(path),
         )
 
     @property
@@ -173,7 +176,8 @@ class Embedder:
     def tokenize(self, texts: Sequence[str], *, max_length: int | None = None) -> list[list[int]]:
         if self.tokenizer is None:
             raise ValueError(
-                "this model directory has no tokenizer files; use encode_ids or pass tokenizer_dir"
+                f"{self.source or 'this model directory'}: no tokenizer files; use encode_ids or "
+                f"pass tokenizer_dir"
             )
         return tokenization.tokenize(
             self.tokenizer, texts, max_length=max_length or self.max_length

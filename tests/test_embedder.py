@@ -217,3 +217,17 @@ def test_truncated_safetensors_is_one_error_line_naming_the_file(minilm_dir, tmp
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr[-2000:]
+
+
+def test_a_directory_without_tokenizer_files_is_named_when_text_is_encoded(minilm_dir, tmp_path):
+    """It loads (ids can be encoded), and text is refused naming the directory."""
+    from caliber_jax import tokenization
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for item in minilm_dir.iterdir():
+        if item.name not in tokenization.TOKENIZER_FILES + ("special_tokens_map.json",):
+            (bare / item.name).symlink_to(item)
+    embedder = Embedder.from_pretrained(bare)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bare))}: no tokenizer files"):
+        embedder.tokenize(["Revenue rose."])
