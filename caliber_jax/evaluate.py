@@ -73,14 +73,8 @@ class EvalInputs:
     within_doc_baseline: EncodeFn | None = None
 
 
-def _need(value, what: str, task: str):
-    if value is None:
-        raise ValueError(f"task {task!r} needs {what}")
-    return value
-
-
 def _financebench(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
-    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "financebench")
+    queries, corpus, qrels = inputs.financebench
     if encode_fn is None:  # the BM25 model
         return _bm25(None, inputs)
     run = retrieval.dense_run(
@@ -91,7 +85,7 @@ def _financebench(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
 
 def _bm25(encode_fn: EncodeFn | None, inputs: EvalInputs) -> dict:
     del encode_fn  # lexical: the model is not used
-    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", BM25)
+    queries, corpus, qrels = inputs.financebench
     return _with_per_query(qrels, retrieval.bm25_run(queries, corpus, top_k=100))
 
 
@@ -104,12 +98,12 @@ def _with_per_query(qrels: Mapping, run: Mapping) -> dict:
 
 
 def _numgap(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    records = _need(inputs.numgap, "NumGap records", "numgap")
+    records = inputs.numgap
     return numgap.evaluate(encode_fn, records, per_record=True)
 
 
 def _mrl(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "mrl")
+    queries, corpus, qrels = inputs.financebench
     return mrl.evaluate(
         encode_fn,
         queries=queries,
@@ -121,8 +115,8 @@ def _mrl(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
 
 
 def _asymmetric(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    queries, corpus, qrels = _need(inputs.financebench, "FinanceBench data", "asymmetric")
-    teacher = _need(inputs.teacher_encode_fn, "a teacher (--teacher)", "asymmetric")
+    queries, corpus, qrels = inputs.financebench
+    teacher = inputs.teacher_encode_fn
     return asymmetric.evaluate(
         encode_fn,
         teacher,
@@ -135,7 +129,7 @@ def _asymmetric(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
 
 # Task name -> fn(encode_fn, inputs) -> results. Tasks run in the order asked for.
 def _numfine(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    units = _need(inputs.numfine, "NumFinE units (--numfine)", "numfine")
+    units = inputs.numfine
     return numfine.evaluate_scorers(numfine.evaluate, encode_fn, units, inputs.nash_fn)
 
 
@@ -145,7 +139,7 @@ def _embednum(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
 
 
 def _within_doc(encode_fn: EncodeFn, inputs: EvalInputs) -> dict:
-    items = _need(inputs.within_doc_items, "--financebench and --filings", "within_doc")
+    items = inputs.within_doc_items
     return within_doc.evaluate(encode_fn, items, k=5, query_instruction=inputs.query_prompt,
                                baseline_encode_fn=inputs.within_doc_baseline)  # fmt: skip
 
@@ -218,9 +212,10 @@ def run_evaluation(
         raise ValueError(f"tasks {list(tasks)} repeat a task")
     if encode_fn is None and any(task not in LEXICAL_TASKS for task in tasks):
         raise ValueError(f"the BM25 model runs only {LEXICAL_TASKS}, not {list(tasks)}")
-    for task in tasks:
+    for task in tasks:  # the task functions read these fields unchecked
         for field, what in TASK_NEEDS.get(task, ()):
-            _need(getattr(inputs, field), what, task)
+            if getattr(inputs, field) is None:
+                raise ValueError(f"task {task!r} needs {what}")
     if encode_fn is not None:
         encode_fn = cache_encodings(encode_fn)
     results: dict[str, Any] = {}

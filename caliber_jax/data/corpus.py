@@ -107,11 +107,14 @@ def _decode(data: bytes, path: Path, line_offset: int) -> str:
         raise ValueError(f"{path}:{line}: invalid UTF-8 at byte {error.start}") from error
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # "\ud800" to "\udfff"
+
+
 def _check_surrogates(line: str, obj: Any, where: str) -> None:
     """A JSON escape of half a UTF-16 pair ("\\ud800") parses into a string no tokenizer or UTF-8
     writer takes (a TypeError deep in tokenization): ValueError naming `where`. Only lines that
     hold such an escape are checked."""
-    if "\\ud" not in line.lower():
+    if not _SURROGATE_ESCAPE.search(line):
         return
     try:
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
