@@ -141,8 +141,13 @@ def late_label(seed: int, *, verify: bool = False, variant: str = "late") -> str
     """ "Late lp long s0": the numeric recipe run late, from the distilled twin of seed `seed`
     ("Late lp verify s0" at the verification size; "Late800 lp long s0" for `variant`
     "late800"; "Minednum c0.1 scales lp long s0" for "minednum,c0.1,scales")."""
+    return f"{phase_head(variant, verify=verify)} s{seed}"
+
+
+def phase_head(variant: str, *, verify: bool) -> str:
+    """A phase's label without its seed tag: "Minednum c0.1 lp long" for "minednum,c0.1"."""
     head, *rest = variant.split(",")
-    return " ".join([head.capitalize(), *rest, "lp", "verify" if verify else "long", f"s{seed}"])
+    return " ".join([head.capitalize(), *rest, "lp", "verify" if verify else "long"])
 
 
 def distill_label(seed: int, *, verify: bool = False) -> str:
@@ -768,7 +773,7 @@ def phase_pairs(seeds: list[int], *, verify: bool,
     for tag in tags:
         twin = f"Distill lp {size} {tag}"
         for phase in phases:
-            label = late_label(0, verify=verify, variant=phase).removesuffix(" s0") + f" {tag}"
+            label = f"{phase_head(phase, verify=verify)} {tag}"
             pairs.append((label, twin))
             if pilot_group(phase) == "minednum":
                 pairs.append((label, f"{late} lp {size} {tag}"))
