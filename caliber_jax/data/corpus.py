@@ -66,8 +66,9 @@ def load_records(path: str | os.PathLike, *, text_field: str = "text") -> Iterat
     becomes "<file name>:<line>". Blank lines are skipped.
 
     Raises:
-      ValueError: "<path>:<line>: ..." for bad UTF-8, malformed JSON, a non-object line or a
-        missing / non-string text field; also for an unknown suffix.
+      ValueError: "<path>:<line>: ..." for bad UTF-8, malformed JSON, a non-object line, a
+        missing / non-string text field, a `doc_name` that is not a non-empty string or an
+        integer, or one that an earlier line already used; also for an unknown suffix.
     """
     path = paths.as_path(path)
     name = path.name
@@ -75,10 +76,18 @@ def load_records(path: str | os.PathLike, *, text_field: str = "text") -> Iterat
         data = path.read_bytes()
         yield {"text": _decode(data, path, line_offset=0), "doc_name": path.stem}
     elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+        first_line: dict[str, int] = {}
         for number, raw in _numbered_lines(path):
             record = _parse_line(raw, path, number, text_field)
-            if record is not None:
-                yield record
+            if record is None:
+                continue
+            doc_name = str(record["doc_name"])
+            if doc_name in first_line:
+                earlier = first_line[doc_name]
+                raise ValueError(f"{path}:{number}: doc_name {doc_name!r} is line {earlier}'s "
+                                 f"too; passage ids would collide")  # fmt: skip
+            first_line[doc_name] = number
+            yield record
     else:
         raise ValueError(f"{path}: unsupported corpus file; expected .txt, .jsonl or .jsonl.gz")
 
@@ -123,6 +132,14 @@ def _check_surrogates(line: str, obj: Any, where: str) -> None:
                          f"is not text") from None  # fmt: skip
 
 
+def _check_doc_name(doc_name: Any, where: str) -> None:
+    """A document name is a non-empty string or an integer: null, "", true or a list would name
+    every passage "None:0", ":0", "True:0" or "[...]:0" (and two nulls would collide)."""
+    if isinstance(doc_name, bool) or not isinstance(doc_name, str | int) or doc_name == "":
+        raise ValueError(f"{where}: doc_name is {json.dumps(doc_name)}; expected a non-empty "
+                         f"string (or leave it out: the file name and line stand in)")  # fmt: skip
+
+
 def _parse_line(raw: bytes, path: Path, number: int, text_field: str) -> dict[str, Any] | None:
     line = _decode(raw, path, line_offset=number - 1)
     if not line.strip():
@@ -144,6 +161,7 @@ def _parse_line(raw: bytes, path: Path, number: int, text_field: str) -> dict[st
             f"{path}:{number}: text field {text_field!r} is {type(text).__name__}, not a string"
         )
     obj.setdefault("doc_name", f"{path.name}:{number}")
+    _check_doc_name(obj["doc_name"], f"{path}:{number}")
     return {**obj, "text": text}  # `text_field`'s text, whatever else the record calls "text"
 
 

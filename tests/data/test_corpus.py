@@ -67,12 +67,33 @@ def test_load_txt_is_one_document(tmp_path):
         (b'{"body": "x"}', "missing text field 'text'"),
         (b'{"text": 5}', "text field 'text' is int, not a string"),
         (b'{"text": "caf\xe9"}', "invalid UTF-8"),
+        (b'{"text": "x", "doc_name": null}', "doc_name is null; expected a non-empty string"),
+        (b'{"text": "x", "doc_name": ""}', 'doc_name is ""; expected'),
+        (b'{"text": "x", "doc_name": true}', "doc_name is true; expected"),
+        (b'{"text": "x", "doc_name": ["a"]}', r'doc_name is \["a"\]; expected'),
     ],
 )
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
 def test_load_jsonl_errors_name_file_and_line(tmp_path, line, message, suffix):
     path = write_lines(tmp_path / f"bad{suffix}", [b'{"text": "fine"}', b"", line])
     with pytest.raises(ValueError, match=rf"^{path}:3: {message}"):
+        list(corpus.load_records(path))
+
+
+def test_load_refuses_a_repeated_doc_name_naming_both_lines(tmp_path):
+    lines = [
+        b'{"text": "x", "doc_name": "10K"}',
+        b'{"text": "y"}',
+        b'{"text": "z", "doc_name": "10K"}',
+    ]
+    path = write_lines(tmp_path / "f.jsonl", lines)
+    with pytest.raises(ValueError, match=rf"^{path}:3: doc_name '10K' is line 1's too"):
+        list(corpus.load_records(path))
+    # A stand-in name ("<file>:<line>") taken by another record's own name also collides.
+    path = write_lines(
+        tmp_path / "g.jsonl", [b'{"text": "x", "doc_name": "g.jsonl:2"}', b'{"text": "y"}']
+    )
+    with pytest.raises(ValueError, match=rf"^{path}:2: doc_name 'g.jsonl:2' is line 1's too"):
         list(corpus.load_records(path))
 
 
