@@ -340,6 +340,79 @@ def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
 
+# Fields a resumed run may change: how it runs, logs and saves, not what it computes (train never
+# reads prepare's or the teacher's settings: the teacher's vectors are in the store).
+RESUME_MAY_CHANGE = (
+    "prepare", "teacher", "mesh", "multihost", "compile_ahead", "watchdog_factor",
+    "watchdog_min_s", "log_every", "eval_every", "eval_at_start", "checkpoint_every",
+    "keep_checkpoints", "keep_period", "checkpoint_async", "tensorboard", "data.worker_count",
+    "data.read_threads", "data.validate", "model.remat", "model.attention",
+)  # fmt: skip
+# Top-level fields every training config.json has (what tells it from a model's config.json).
+_TRAIN_CONFIG_KEYS = frozenset({"model", "optim", "loss", "data"})
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, the run's value, the new value) for each field both JSON configs hold that differ
+    and that `RESUME_MAY_CHANGE` does not cover; fields only one of them holds (a version that
+    added or dropped a field) are not compared."""
+    old_flat, new_flat = _flatten(saved), _flatten(new)
+    return [
+        (field, old_flat[field], value)
+        for field, value in new_flat.items()
+        if field in old_flat and old_flat[field] != value
+        and not any(field == f or field.startswith(f + ".") for f in RESUME_MAY_CHANGE)
+    ]  # fmt: skip
+
+
+def saved_steps(workdir: epath.Path) -> list[int]:
+    """The steps of the finished checkpoints under `workdir`/checkpoints (an unfinished save is a
+    "<step>.orbax-checkpoint-tmp..." folder, not counted)."""
+    folder = workdir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
+
+
+def check_workdir_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
+    """Before anything is written to `workdir`: its config.json, if any, must be a training run's,
+    and a run with checkpoints resumes only with its own settings (up to `RESUME_MAY_CHANGE`):
+    another learning rate, length or step count would continue the run silently under a
+    config.json that then misdescribes it (and export reads the model's shape from it)."""
+    path = workdir / "config.json"
+    if not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error}); move the folder aside or choose another "
+                         f"--workdir") from None  # fmt: skip
+    if not isinstance(saved, dict) or not _TRAIN_CONFIG_KEYS <= saved.keys():
+        raise ValueError(f"{path} is not a training run's config (a model folder?): --workdir "
+                         f"must be a run's own folder; choose another")  # fmt: skip
+    steps = saved_steps(workdir)
+    if not steps:
+        return  # nothing trained yet: the new settings stand
+    conflicts = resume_conflicts(saved, json.loads(config.to_json_best_effort()))
+    if conflicts:
+        shown = "; ".join(
+            f"{field}={new!r} (the run's {old!r})" for field, old, new in conflicts[:3]
+        )
+        more = f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+        raise ValueError(f"{workdir} holds a run trained to step {steps[-1]} with other settings: "
+                         f"{shown}{more}. Resume it with its own ({path}), or train in a new "
+                         f"--workdir")  # fmt: skip
+
+
 def check_finite(metrics: dict[str, float], step_num: int) -> None:
     bad = {k: v for k, v in metrics.items() if not np.isfinite(v)}
     if bad:
@@ -516,12 +589,20 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     """Raises one ValueError naming the field for a config the run would otherwise stop on
     later (a division by zero at the first log, a loss setting found only when the step is
     traced, after the weights and inputs are loaded)."""
-    for field in ("log_every", "checkpoint_every", "eval_every", "optim.accum_steps"):
+    fields = ("log_every", "checkpoint_every", "eval_every", "optim.accum_steps",
+              "keep_checkpoints", "batch_size")  # fmt: skip
+    for field in fields:
         value = config
         for part in field.split("."):
             value = value[part]
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"config.{field}={value!r}: expected an integer >= 1")
+    if not isinstance(config.total_steps, int) or config.total_steps < 0:
+        raise ValueError(f"config.total_steps={config.total_steps!r}: expected an integer >= 1, "
+                         f"or 0 for config.num_epochs over the training passages")  # fmt: skip
+    if not config.total_steps and not config.num_epochs > 0:
+        raise ValueError(f"config.num_epochs={config.num_epochs!r}: expected > 0 (or set "
+                         f"config.total_steps)")  # fmt: skip
     loss = config.loss
     choices = {"objective": losses.OBJECTIVES, "reduction": losses.REDUCTIONS}
     for field, allowed in choices.items():
@@ -548,8 +629,7 @@ def _train(
 ) -> dict[str, float]:
     check_config(config)
     workdir = paths.as_path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_config(config, workdir)
+    check_workdir_config(config, workdir)
     path = choose_path(config)  # first: a refused combination fails before any work
     marks = [("began", time.perf_counter())]  # where launch-to-first-step goes (startup_line)
     spec, flat = init_params(config)
@@ -564,6 +644,9 @@ def _train(
 
     train_source = make_source(config, "train", dim)
     check_source(config, train_source)
+    # Written once the inputs are found: a run that cannot start leaves the folder as it was.
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_config(config, workdir)
     # Logged once the inputs are found, so a missing input stays a one-line error.
     if jax.process_index() == 0:
         print(f"[caliber_jax] {path.describe()}", file=sys.stderr)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from etils import epath
 
 from caliber_jax import checkpoint, watchdog
 from caliber_jax.data import pipeline
@@ -90,6 +91,20 @@ def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already trained to step 6" in again.stderr
     assert (workdir / "summary.json").read_text() == summary
+    # Resumed with another setting that changes what it computes: refused, config.json kept
+    # (export reads the model's shape and length from it).
+    config_json = (workdir / "config.json").read_text()
+    changed = train(data_dir, workdir, "--config.data.max_length=32")
+    assert changed.returncode == 2 and "Traceback" not in changed.stderr
+    assert (
+        changed.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: {workdir} holds a run trained to step 6 with other settings: "
+            "data.max_length=32 (the run's 48)"
+        )
+    )
+    assert (workdir / "config.json").read_text() == config_json
     assert json.loads(summary)["steps_run"] == 6 - steps[-1]
 
     # One metrics row per step, as the straight run logs them: the rows the killed run wrote
@@ -330,6 +345,18 @@ def test_input_errors_are_one_line(data_dir, tmp_path):
         f"error: {tmp_path / 'nowhere' / 'train.jsonl'}: missing; run `python -m "
         "caliber_jax.prepare` and `python -m caliber_jax.embed_teacher` with this config first"
     ]
+    assert not (tmp_path / "run" / "config.json").exists()  # nothing written by a failed start
+    # A model folder given as --workdir: its config.json is not replaced by the run's.
+    model_dir = tmp_path / "exported"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "bert"}')
+    into_model = train(data_dir, model_dir)
+    assert into_model.returncode == 2
+    assert into_model.stderr.strip().splitlines()[-1] == (
+        f"error: {model_dir / 'config.json'} is not a training run's config (a model folder?): "
+        "--workdir must be a run's own folder; choose another"
+    )
+    assert (model_dir / "config.json").read_text() == '{"model_type": "bert"}'
     typo = train(data_dir, tmp_path / "typo", "--config.optim.lr=fast")
     assert typo.returncode == 2 and "Traceback" not in typo.stderr
     assert typo.stderr.strip().splitlines()[-1].startswith("error: flag --config.optim.lr=fast")
@@ -395,6 +422,10 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
      ("checkpoint_every", 0, "config.checkpoint_every=0"),
      ("eval_every", 0, "config.eval_every=0"),
      ("optim.accum_steps", 0, "config.optim.accum_steps=0"),
+     ("keep_checkpoints", 0, "config.keep_checkpoints=0: expected an integer >= 1"),
+     ("batch_size", 0, "config.batch_size=0: expected an integer >= 1"),
+     ("total_steps", -5, "config.total_steps=-5: expected an integer >= 1, or 0 for"),
+     ("num_epochs", 0.0, "config.num_epochs=0.0: expected > 0"),
      ("loss.objective", "neighbor", "config.loss.objective='neighbor': expected one of"),
      ("loss.reduction", "mean", "config.loss.reduction='mean'"),
      ("loss.contrastive_temperature", 0.0, "config.loss.contrastive_temperature=0.0")],
@@ -412,6 +443,42 @@ def test_a_config_the_run_would_stop_on_later_is_one_line_first(field, value, me
     (config[node] if node else config)[name] = value
     with pytest.raises(ValueError, match=re.escape(message)):
         train_lib.check_config(config)
+
+
+def test_a_run_resumes_only_with_its_own_settings(tmp_path):
+    """With checkpoints in the workdir, a field that changes what the run computes (length,
+    learning rate, step count, layers) is refused, naming it; how it logs and saves may change;
+    before the first checkpoint the new settings stand; fields only one version has are not
+    compared."""
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    workdir = epath.Path(tmp_path)
+    config = caliber.get_config()
+    train_lib.write_config(config, workdir)
+    train_lib.check_workdir_config(config, workdir)
+    other = caliber.get_config()
+    other.optim.lr, other.total_steps = 3e-4, 10
+    train_lib.check_workdir_config(other, workdir)  # nothing trained yet
+    (workdir / "checkpoints" / "20").mkdir(parents=True)
+    (workdir / "checkpoints" / "40.orbax-checkpoint-tmp-1").mkdir()
+    message = (
+        f"{workdir} holds a run trained to step 20 with other settings: total_steps=10 (the "
+        "run's 0); optim.lr=0.0003 (the run's 0.0001). Resume it with its own"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_lib.check_workdir_config(other, workdir)
+    operational = caliber.get_config()
+    operational.log_every, operational.keep_checkpoints, operational.model.attention = 7, 9, "cudnn"
+    operational.teacher.batch_size = 8
+    train_lib.check_workdir_config(operational, workdir)
+    saved = json.loads((workdir / "config.json").read_text())
+    del saved["loss"]["lam"]
+    saved["loss"]["a_field_of_an_older_version"] = 1
+    assert train_lib.resume_conflicts(saved, json.loads(config.to_json_best_effort())) == []
+    (workdir / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json: not JSON"):
+        train_lib.check_workdir_config(config, workdir)
 
 
 def test_neighbour_objective_without_neighbours_is_refused(tmp_path):
