@@ -158,10 +158,12 @@ def test_watchdog_ends_a_run_that_hangs_in_start_up(data_dir, tmp_path):
         (hung / entry.name).symlink_to(entry)
     (hung / "train.jsonl").unlink()
     os.mkfifo(hung / "train.jsonl")
+    # A start-up limit of 10 s: time for a loaded machine to reach the passages file (at 0.2 s
+    # the stack was dumped while the weights were still loading, on a busy 2-core machine).
     proc = train(hung, tmp_path / "stall", "--config.watchdog_factor=1",
-                 "--config.watchdog_min_s=0.2", wait=False)  # fmt: skip
+                 "--config.watchdog_min_s=10", wait=False)  # fmt: skip
     try:
-        _, stderr = proc.communicate(timeout=90)  # a 1 s poll and a 5 s grace period after it
+        _, stderr = proc.communicate(timeout=120)  # the limit, a 1 s poll, a 5 s grace period
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
