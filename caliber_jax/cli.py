@@ -208,8 +208,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
-        message = str(error)
-    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        message = _without_traceback(str(error))
+    except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+        # OSError: a config file that failed to load, read again by an override after it.
         if "--traceback" in argv:
             raise
         # ml_collections wraps a KeyError ("'lrr'\nDid you mean ...") in an AttributeError: its
@@ -221,6 +222,16 @@ def parse_flags(argv: list[str]) -> list[str]:
         message = f"command line: invalid config override or flag value: {text}"
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
+
+
+def _without_traceback(message: str) -> str:
+    """ml_collections puts the Python traceback of a config file's own error into the flag error
+    ("flag --config=x.py:v: Error whilst parsing config file:\n\nTraceback ...\nValueError: ..."):
+    its first line and the exception's line, joined."""
+    if "Traceback (most recent call last):" not in message:
+        return message
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[-1]}"
 
 
 def run(main: Callable[[list[str]], Any]) -> None:

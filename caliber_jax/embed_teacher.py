@@ -156,11 +156,17 @@ def import_split(
     texts, perturbed = pipeline.load_passages(passages)
     out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {"teacher": teacher_name, "pooling": "external", "passages": str(passages)}
+    files = (("x", texts, vectors_x), ("px", perturbed, vectors_px))
+    # Every file is checked before any store is made, so a wrong one leaves nothing behind that
+    # the corrected run would then refuse.
+    for _, rows, npy in files:
+        if npy is not None:
+            teacher.load_npy_checked(npy, num_rows=len(rows), dim=dim)
+    if vectors_px is None and any(perturbed):
+        raise ValueError(f"{passages}: has perturbations; pass --import_px too")
     written = []
-    for name, rows, npy in (("x", texts, vectors_x), ("px", perturbed, vectors_px)):
+    for name, rows, npy in files:
         if npy is None:
-            if name == "px" and any(rows):
-                raise ValueError(f"{passages}: has perturbations; pass --import_px too")
             continue
         teacher.import_npy(
             out / name,

@@ -8,7 +8,6 @@ text per line. Output: `[n, d]` float32 L2-normalised vectors in input order, wr
 """
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from absl import flags
 
 from caliber_jax import cli
 from caliber_jax.data import corpus
+from caliber_jax.models import hf
 
 
 def read_texts(path: str | os.PathLike, *, text_field: str) -> list[str]:
@@ -35,13 +35,14 @@ def read_texts(path: str | os.PathLike, *, text_field: str) -> list[str]:
 
 
 def save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
-    """Writes a .npy file atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy.tmp")
-    with os.fdopen(fd, "wb") as handle:
+    """Writes a .npy file atomically, with the umask's permissions (`hf.save_atomic`)."""
+    hf.save_atomic(path, lambda tmp: _write_npy(tmp, array))
+
+
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    # A file handle: given a path without ".npy", np.save would write to path + ".npy".
+    with open(path, "xb") as handle:
         np.save(handle, array)
-    os.replace(tmp, path)
 
 
 def main(argv: Sequence[str]) -> None:

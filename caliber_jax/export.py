@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import flags
 from etils import epath
 
@@ -66,6 +67,8 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
         raise ValueError(f"export: dtype={dtype!r}, expected one of {', '.join(WEIGHT_DTYPES)}")
     workdir, output = paths.as_path(workdir), paths.as_path(output)
     _check_replaceable(output)
+    if step is not None:
+        _check_saved_step(workdir / "checkpoints", step)
     options = dict(step=step, query_prompt=query_prompt, interpolate=interpolate,
                    blend_with=blend_with, dtype=dtype)  # fmt: skip
     if paths.is_remote(output):  # write locally, then copy the finished directory over
@@ -78,8 +81,14 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     # A sibling folder (same filesystem), renamed into place when complete.
     staging = output.parent / f".{output.name}.export-{uuid.uuid4().hex[:12]}"
     try:
+        staging.mkdir(parents=True)  # an unwritable output fails now, not after the restore
         _write_export(workdir, staging, **options)
         _move_into_place(staging, output)
+    except OSError as error:
+        renamed = _name_output(error, staging, output)
+        if renamed is None:
+            raise
+        raise renamed from error
     finally:
         if staging.exists():  # an export cut short by an error
             shutil.rmtree(staging)
@@ -148,6 +157,28 @@ def _write_export(workdir: epath.Path, output: epath.Path, *, step: int | None,
         record["blend_with"] = str(blend_with)
         record["blend_step"] = int(other_step)
     hf.save_json(record, output / DONE_FILE)
+
+
+def _check_saved_step(directory: epath.Path, step: int) -> None:
+    """Raises FileNotFoundError, in one line listing the saved steps, unless `directory` holds a
+    finished checkpoint at `step` (Orbax's own error names a missing `_METADATA` file instead)."""
+    saved = sorted(ocp.utils.checkpoint_steps(directory)) if directory.exists() else []
+    if step not in saved:
+        listed = ", ".join(str(saved_step) for saved_step in saved) or "none"
+        raise FileNotFoundError(
+            f"export: no checkpoint at step {step} in {directory}; saved steps: {listed}"
+        )
+
+
+def _name_output(error: OSError, staging: epath.Path, output: epath.Path) -> OSError | None:
+    """`error`, raised while writing the export into `staging`, as an error of the same type that
+    names the path under `output` (the user's path; the staging folder is gone by then), or None
+    when `error` names no path in `staging`."""
+    filename, prefix = str(error.filename or ""), os.fspath(staging)
+    if filename != prefix and not filename.startswith(prefix + os.sep):
+        return None
+    target = os.fspath(output) + filename[len(prefix) :]
+    return type(error)(f"export: cannot write {target}: {error.strerror or error}")
 
 
 def _check_replaceable(output: epath.Path) -> None:

@@ -112,3 +112,35 @@ def test_a_folder_without_the_splits_is_an_error_not_a_silent_exit(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "nowhere: no train.jsonl" in result.stderr
+
+
+def test_a_wrong_import_file_leaves_no_store_behind(tmp_path):
+    """`--import_x`/`--import_px` files are checked (rows, width against the student dim) before
+    any store is made: a wrong one is an error naming it, and the corrected rerun succeeds
+    (it once met the store the failed run had made: "existing teacher store has native_dim")."""
+    import ml_collections
+
+    pairs = [("Revenue rose 5%.", "Revenue rose 50%."), ("The board met twice.", None)]
+    rows = [{"id": f"a:{i}", "text": t, "perturbed": p} for i, (t, p) in enumerate(pairs)]
+    corpus.save_jsonl(tmp_path / "train.jsonl", rows)
+    config = ml_collections.ConfigDict(
+        {"data": {"dir": str(tmp_path)}, "teacher": {"chunk_rows": 2}}
+    )
+    rng = np.random.default_rng(0)
+    for name, shape in (("x", (2, 512)), ("px", (2, 512)), ("x_narrow", (2, 100))):
+        np.save(tmp_path / f"{name}.npy", rng.standard_normal(shape).astype(np.float32))
+    store = tmp_path / "teacher_train"
+
+    def run(x: str, px: str) -> list:
+        return embed_teacher.import_split(
+            config, "train", 256, str(tmp_path / x), str(tmp_path / px), teacher_name="api"
+        )
+
+    with pytest.raises(ValueError, match=r"x_narrow\.npy: shape \(2, 100\): .* dim=256"):
+        run("x_narrow.npy", "px.npy")
+    with pytest.raises(ValueError, match=r"x_narrow\.npy: shape \(2, 100\)"):
+        run("x.npy", "x_narrow.npy")  # a wrong px: not even x is written
+    assert not store.exists()
+    assert run("x.npy", "px.npy") == [store / "x", store / "px"]
+    reader = teacher.open_reader(store / "x", expect_rows=2, expect_dim=256)
+    assert reader.metadata["native_dim"] == 512

@@ -1,6 +1,7 @@
 """The encode CLI writes the same vectors as the Embedder API, in input order."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from caliber_jax import Embedder
-from caliber_jax.encode import read_texts
+from caliber_jax.encode import read_texts, save_npy
 
 
 def test_cli_matches_api(minilm_dir, filing_passages, tmp_path):
@@ -37,3 +38,16 @@ def test_bad_input_names_file_and_line(tmp_path):
     lines = tmp_path / "t.txt"
     lines.write_text("one\n\ntwo\n")
     assert read_texts(lines, text_field="text") == ["one", "two"]
+
+
+def test_save_npy_follows_the_umask(tmp_path):
+    """Under umask 022 the vectors are 0644, not the 0600 of a `tempfile.mkstemp` file, and no
+    temporary file stays behind."""
+    previous = os.umask(0o022)
+    try:
+        save_npy(tmp_path / "v.npy", np.eye(3, dtype=np.float32))
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "v.npy").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["v.npy"]
+    np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), np.eye(3))

@@ -1,6 +1,7 @@
 """Export: HF -> Flax -> Orbax -> HF round trip, and PyTorch / sentence-transformers loading."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -454,3 +455,61 @@ def test_copy_to_a_remote_output_writes_the_marker_last(tmp_path, monkeypatch):
         [DONE_FILE, "config.json", "model.safetensors", "2_Dense/model.safetensors"]
     )
     assert copied[-1] == DONE_FILE
+
+
+@pytest.fixture
+def umask_022():
+    """The usual umask for the test, restored after it."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def test_exported_files_follow_the_umask(minilm_dir, tmp_path, umask_022):
+    """Under umask 022 every file of an export is 0644 like the tokenizer's, not 0600 (the
+    weights, config.json and the rest once came from `tempfile.mkstemp`)."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1, out_dim=32)
+    out = Path(export(workdir, tmp_path / "hf", dtype="float16"))  # the cast rewrites weights
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*")}
+    files = {name for name in modes if (out / name).is_file()}
+    assert {"model.safetensors", "config.json", "modules.json", "caliber_export.json",
+            "2_Dense/model.safetensors", "2_Dense/config.json"} <= files  # fmt: skip
+    assert {name: modes[name] for name in files if modes[name] != 0o644} == {}
+
+
+def test_save_atomic_leaves_nothing_behind_when_the_write_fails(tmp_path):
+    from caliber_jax.models import hf
+
+    target = tmp_path / "config.json"
+    hf.save_json({"a": 1}, target)
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        hf.save_atomic(target, fail)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert json.loads(target.read_text()) == {"a": 1}
+
+
+def test_a_missing_step_lists_the_saved_steps(minilm_dir, tmp_path):
+    """`--step` of a step never saved: one line with the saved steps, not Orbax's missing
+    _METADATA file; nothing is written."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1, at_step=7)
+    message = rf"no checkpoint at step 5 in {workdir / 'checkpoints'}; saved steps: 7$"
+    with pytest.raises(FileNotFoundError, match=message):
+        export(workdir, tmp_path / "hf", step=5)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_an_unwritable_output_is_named_not_the_staging_folder(minilm_dir, tmp_path):
+    """An output that cannot be created is reported by its own path (the staging folder beside
+    it is an implementation detail), before the checkpoint is read."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    (tmp_path / "afile").write_text("")
+    output = tmp_path / "afile" / "hf"  # its parent is a file
+    with pytest.raises(OSError) as raised:
+        export(workdir, output)
+    assert str(raised.value).startswith(f"export: cannot write {output}: ")
+    assert ".export-" not in str(raised.value)

@@ -493,6 +493,30 @@ def test_cli_config_typo_is_one_readable_line(tmp_path):
     ]
 
 
+def test_cli_config_file_errors_are_one_line(tmp_path):
+    """A config file's own error (an unknown variant) was printed with its Python traceback
+    inside the flag error; a missing config file with an override after it was a traceback
+    (OSError). One line each, exit 2."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "caliber_jax.prepare", *args],
+                              capture_output=True, text=True, check=False, cwd=repo,
+                              timeout=120)  # fmt: skip
+
+    variant = run(f"--config={repo / 'configs' / 'demo.py'}:numerc")
+    assert variant.returncode == 2
+    assert variant.stderr.strip().splitlines() == [
+        f"error: flag --config={repo / 'configs' / 'demo.py'}:numerc: Error whilst parsing "
+        "config file: ValueError: configs/demo.py: unknown variant 'numerc' (known: leaf, numeric)"
+    ]
+    missing = run(f"--config={tmp_path / 'dem.py'}", "--config.optim.lr=1e-4")
+    assert missing.returncode == 2
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith("error: command line: invalid config override or flag value: ")
+    assert f"No such file or directory: '{tmp_path / 'dem.py'}'" in line
+
+
 def test_validation_cap_does_not_shrink_numgap(tmp_path):
     """NumGap draws from every held-out passage; `max_val_passages` caps validation alone."""
     source = write_corpus(tmp_path / "c.jsonl", ["alpha", "beta", "delta"])

@@ -160,7 +160,7 @@ def create_store(
             if existing.get(key) != full.get(key):
                 raise ValueError(
                     f"{path}: existing teacher store has {key}={existing.get(key)!r}, "
-                    f"requested {full.get(key)!r}"
+                    f"requested {full.get(key)!r}; delete the folder {path} to rebuild it"
                 )
         full = existing
     path.mkdir(parents=True, exist_ok=True)
@@ -411,13 +411,7 @@ def import_npy(
       The store.
     """
     texts = list(texts)
-    vectors = np.load(vectors_npy, mmap_mode="r")
-    if vectors.ndim != 2:
-        raise ValueError(f"{vectors_npy}: expected [N, D] vectors, got shape {vectors.shape}")
-    if vectors.shape[0] != len(texts):
-        raise ValueError(
-            f"{vectors_npy}: num_rows={vectors.shape[0]} but {len(texts)} texts were given"
-        )
+    vectors = load_npy_checked(vectors_npy, num_rows=len(texts), dim=dim)
     native_dim = vectors.shape[1]
     if int(metadata.get("native_dim", native_dim)) != native_dim:
         raise ValueError(
@@ -439,6 +433,34 @@ def import_npy(
             block = np.where(present[:, None], block, 0.0)
             write_rows(store, chunk_start, mrl_truncate(block, dim))
     return store
+
+
+def load_npy_checked(vectors_npy: str | os.PathLike, *, num_rows: int, dim: int | None):
+    """The [N, D] vectors of a `.npy` file (memory-mapped), checked before any store is made.
+
+    Args:
+      vectors_npy: the file.
+      num_rows: N, the number of texts.
+      dim: the width they will be truncated to (D >= dim), or None for any D.
+
+    Raises:
+      ValueError: one line naming the file, its shape and the shape needed.
+    """
+    vectors = np.load(vectors_npy, mmap_mode="r")
+    shape = vectors.shape
+    if vectors.ndim != 2:
+        raise ValueError(f"{vectors_npy}: shape {shape}, expected [N, D] vectors")
+    if shape[0] != num_rows:
+        raise ValueError(
+            f"{vectors_npy}: shape {shape}: num_rows={shape[0]} but {num_rows} texts were given "
+            f"(one row per text)"
+        )
+    if dim is not None and dim > shape[1]:
+        raise ValueError(
+            f"{vectors_npy}: shape {shape}: {shape[1]} columns, but dim={dim} needs at least "
+            f"{dim} (MRL truncation keeps the first dim columns)"
+        )
+    return vectors
 
 
 def _create_for_texts(path, texts, *, dim, dtype, chunk_rows, metadata) -> TeacherStore:

@@ -9,8 +9,8 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -272,25 +272,37 @@ def unflatten(flat: dict[str, Any]) -> dict[Any, Any]:
     return tree
 
 
-def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
-    """Writes a safetensors file atomically (temp file in the same folder, then rename)."""
+def save_atomic(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> None:
+    """Writes `path` whole or not at all: `write_fn(tmp)` creates the file `tmp` beside `path`,
+    which is then renamed over `path` (and removed if anything fails).
+
+    The file gets the permissions of the umask (0644 under umask 022), like any new file, however
+    `write_fn` created it: safetensors' `save_file`, like `tempfile.mkstemp`, leaves it 0600.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        save_file(tensors, tmp, metadata={"format": "pt"})
+        write_fn(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    # The only way to read it is to set it; set it straight back.
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """Writes a safetensors file atomically (`save_atomic`)."""
+    save_atomic(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
 
 
 def save_json(obj: Any, path: str | os.PathLike) -> None:
-    """Writes JSON atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(obj, handle, indent=2)
-    os.replace(tmp, path)
+    """Writes JSON atomically (`save_atomic`)."""
+    save_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8"))

@@ -107,6 +107,9 @@ def test_create_store_mismatch_names_field(tmp_path):
         arguments = {"num_rows": 10, "dim": 4, "chunk_rows": 4, "metadata": metadata, **change}
         with pytest.raises(ValueError, match=rf"{path}: existing teacher store has {field}="):
             teacher.create_store(path, **arguments)
+    # The message says how to go on: the folder to delete.
+    with pytest.raises(ValueError, match=rf"requested 3; delete the folder {path} to rebuild it$"):
+        teacher.create_store(path, num_rows=10, dim=3, chunk_rows=4, metadata=metadata)
     with pytest.raises(ValueError, match="native_dim"):
         teacher.create_store(tmp_path / "t", num_rows=1, dim=1, chunk_rows=1, metadata={})
     # The passages file's path is provenance, not identity: the same texts (hash) prepared in
@@ -312,6 +315,28 @@ def test_import_npy(tmp_path):
             tmp_path / "u", vectors_npy=tmp_path / "v.npy", texts=["x"] * 5, dim=None,
             chunk_rows=2, metadata=metadata,
         )  # fmt: skip
+
+
+def test_import_npy_checks_the_file_before_making_a_store(tmp_path):
+    """A file too narrow for `dim`, or with the wrong number of rows, is one error naming it, its
+    shape and what is needed, and leaves no store behind: the corrected import then succeeds."""
+    texts = ["a", "b", "c"]
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "narrow.npy", rng.standard_normal((3, 4)).astype(np.float32))
+    np.save(tmp_path / "short.npy", rng.standard_normal((2, 8)).astype(np.float32))
+    np.save(tmp_path / "wide.npy", rng.standard_normal((3, 8)).astype(np.float32))
+    common = dict(texts=texts, dim=6, chunk_rows=2, metadata={"teacher": "t", "pooling": "api"})
+    store = tmp_path / "s"
+    narrow = r"narrow\.npy: shape \(3, 4\): 4 columns, but dim=6 needs at least 6"
+    with pytest.raises(ValueError, match=narrow):
+        teacher.import_npy(store, vectors_npy=tmp_path / "narrow.npy", **common)
+    assert not store.exists()
+    short = r"short\.npy: shape \(2, 8\): num_rows=2 but 3 texts were given"
+    with pytest.raises(ValueError, match=short):
+        teacher.import_npy(store, vectors_npy=tmp_path / "short.npy", **common)
+    assert not store.exists()
+    teacher.import_npy(store, vectors_npy=tmp_path / "wide.npy", **common)
+    assert teacher.open_reader(store, expect_rows=3, expect_dim=6).metadata["native_dim"] == 8
 
 
 def test_import_npy_writes_only_this_process_rows(tmp_path):
