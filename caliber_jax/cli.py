@@ -31,6 +31,7 @@ USER_ERRORS = (
     app.UsageError,
 )
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def default_cache_dir() -> str:
@@ -170,6 +171,11 @@ def guard(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
             if flags.FLAGS.traceback:
                 raise
             exit_with_one_line(error)
+        except KeyboardInterrupt:
+            if flags.FLAGS.traceback:
+                raise
+            print("[caliber_jax] interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     return wrapped
 

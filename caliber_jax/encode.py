@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from caliber_jax import cli
+from caliber_jax import cli, paths
 from caliber_jax.data import corpus
-from caliber_jax.models import hf
 
 
 def read_texts(path: str | os.PathLike, *, text_field: str) -> list[str]:
@@ -35,8 +34,8 @@ def read_texts(path: str | os.PathLike, *, text_field: str) -> list[str]:
 
 
 def save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
-    """Writes a .npy file atomically, with the umask's permissions (`hf.save_atomic`)."""
-    hf.save_atomic(path, lambda tmp: _write_npy(tmp, array))
+    """Writes a .npy file atomically, with the umask's permissions (`paths.write_atomic`)."""
+    paths.write_atomic(path, lambda tmp: _write_npy(tmp, array))
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:

@@ -16,7 +16,6 @@ Results: {"financebench": {8 metrics}, "numgap": {"overall": {"D", "M", "n"}, ca
 import dataclasses
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from caliber_jax import cli, provenance
+from caliber_jax import cli, paths, provenance
 from caliber_jax.eval import (
     PER_QUERY,
     EncodeFn,
@@ -245,21 +244,8 @@ def save_results(results: Mapping[str, Any], output: str | os.PathLike) -> tuple
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Readers see the old file or the new one, never a partial write."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
-    ) as handle:
-        handle.write(text)
-    os.chmod(handle.name, 0o666 & ~_umask())  # a temporary file is 0600; a results file is not
-    os.replace(handle.name, path)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """Readers see the old file or the new one, never a partial write (`paths.write_atomic`)."""
+    paths.write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _number(value) -> str:

@@ -6,6 +6,9 @@ that handles their scheme (gcsfs through epath, TensorStore's and Orbax's own GC
 """
 
 import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 from etils import epath
 
@@ -36,3 +39,37 @@ def kvstore_spec(path: str | os.PathLike) -> str | dict[str, str]:
     if is_remote(path):
         return os.fspath(path).rstrip("/") + "/"
     return {"driver": "file", "path": os.fspath(path)}
+
+
+def write_atomic(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> None:
+    """Writes the local file `path` whole or not at all: `write_fn(tmp)` creates the file `tmp`
+    beside `path`, which is then renamed over `path` (and removed if anything fails).
+
+    The file gets the umask's permissions (0644 under umask 022), like any new file, however
+    `write_fn` created it: safetensors' `save_file`, like `tempfile.mkstemp`, leaves it 0600.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        write_fn(tmp)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def umask() -> int:
+    """The process's umask, read from /proc where it can be (setting it to read it, the only
+    other way, would change it for other threads for a moment; then to the stricter 077)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

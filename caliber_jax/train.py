@@ -454,29 +454,38 @@ def evaluate(eval_fn, params, loader_factory, mesh,
     return out
 
 
-# sysexits.h EX_TEMPFAIL: stopped by SIGTERM (preemption) with a checkpoint; rerun to resume.
+# sysexits.h EX_TEMPFAIL: stopped by SIGTERM (preemption) or one Ctrl-C with a checkpoint; rerun
+# to resume.
 EXIT_PREEMPTED = 75
 
 
 class SigtermFlag:
     """SIGTERM (preemption) -> checkpoint and stop, at the same step on every process.
 
-    One process: a Python handler sets a flag. Several: JAX's preemption service (started by
-    `jax.distributed.initialize`) catches SIGTERM on any process, spreads it through the
-    coordinator, and `reached` turns True at one agreed step everywhere, so no process enters
-    Orbax's collective save while another runs the next train step. No device collective is
-    involved; it must be asked at every step.
+    One process: a Python handler sets a flag; Ctrl-C (SIGINT) does the same, and a second
+    Ctrl-C stops at once (KeyboardInterrupt, the steps since the last checkpoint lost). Several:
+    JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any
+    process, spreads it through the coordinator, and `reached` turns True at one agreed step
+    everywhere, so no process enters Orbax's collective save while another runs the next train
+    step. No device collective is involved; it must be asked at every step.
     """
 
     def __init__(self):
         self.raised = False
+        self.signum = signal.SIGTERM  # what raised it (JAX's service: SIGTERM)
         self._agreed = jax.process_count() > 1
         if not self._agreed:
             signal.signal(signal.SIGTERM, self._handle)
+            signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum, frame):
-        del signum, frame
+        del frame
         self.raised = True
+        self.signum = signum
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one stops now
+            print("\n[caliber_jax] Ctrl-C: saving a checkpoint after this step and stopping "
+                  "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)  # fmt: skip
 
     def reached(self, step_num: int) -> bool:
         """Whether to checkpoint and stop after `step_num` (call once per step, in order)."""
@@ -819,12 +828,18 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
             stall.step_done(step_num)
             bar.update(1)
             if stop:
-                logging.warning("SIGTERM: checkpointed step %d, exiting", step_num)
+                logging.warning(
+                    "%s: checkpointed step %d, exiting",
+                    signal.Signals(sigterm.signum).name,
+                    step_num,
+                )
                 break
     bar.close()
     last["step"] = step_num
     last["steps_run"] = step_num - start
     last["preempted"] = float(step_num < steps)
+    if step_num < steps:
+        last["stop_signal"] = float(sigterm.signum)  # 15 SIGTERM, 2 SIGINT
     last.update(compile_summary(len(shapes), ahead=train_fn.compiled_ahead,
                                 build_seconds=train_fn.build_seconds))  # fmt: skip
     if jax.process_index() == 0:
@@ -953,7 +968,8 @@ def main(argv) -> None:
     if summary["preempted"]:
         # Not finished: no summary.json, and a status that stops `train && export` pipelines.
         print(
-            f"[caliber_jax] stopped by SIGTERM at step {int(summary['step'])}, checkpoint saved; "
+            f"[caliber_jax] stopped by {signal.Signals(int(summary['stop_signal'])).name} at step "
+            f"{int(summary['step'])}, checkpoint saved; "
             "the same command resumes it",
             file=sys.stderr,
         )

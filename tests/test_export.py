@@ -15,7 +15,7 @@ from flax import nnx
 from safetensors.numpy import load_file
 from sentence_transformers import SentenceTransformer
 
-from caliber_jax import Embedder, checkpoint, optim, step
+from caliber_jax import Embedder, checkpoint, optim, paths, step
 from caliber_jax.export import WEIGHT_DTYPES, export
 from caliber_jax.models import embedding
 from tests.models.test_qwen3 import make_hf_qwen3
@@ -488,7 +488,7 @@ def test_save_atomic_leaves_nothing_behind_when_the_write_fails(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        hf.save_atomic(target, fail)
+        paths.write_atomic(target, fail)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
     assert json.loads(target.read_text()) == {"a": 1}
 

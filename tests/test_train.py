@@ -127,16 +127,21 @@ def test_killed_run_resumes_bit_identically(data_dir, tmp_path):
         np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
 
 
-def test_sigterm_checkpoints_and_exits(data_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_checkpoints_and_exits(data_dir, tmp_path, signum):
+    """SIGTERM (preemption) and one Ctrl-C (SIGINT; it was a KeyboardInterrupt traceback and
+    the steps since the last checkpoint lost) both save the step reached and stop."""
     workdir = tmp_path / "term"
     proc = train(data_dir, workdir, "--config.total_steps=400", "--config.checkpoint_every=100",
                  wait=False)  # fmt: skip
     wait_for(lambda: (workdir / "metrics.jsonl").is_file(), proc)
     time.sleep(2)  # a few steps in
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     # Not finished: status 75 (EX_TEMPFAIL) stops `train && export`; no final summary.
     assert proc.wait(timeout=120) == 75
-    assert "the same command resumes it" in proc.stderr.read()
+    stderr = proc.stderr.read()
+    assert f"stopped by {signal.Signals(signum).name} at step" in stderr
+    assert "the same command resumes it" in stderr and "Traceback" not in stderr
     assert not (workdir / "summary.json").exists()
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and 0 < max(steps) < 400

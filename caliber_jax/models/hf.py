@@ -9,8 +9,7 @@ import dataclasses
 import json
 import os
 import re
-import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from caliber_jax import paths
 from caliber_jax.models import bert, mpnet, qwen3, st_layout
 
 # (HF name template, our path template, transform). `{i}` stands for a layer index.
@@ -272,37 +272,13 @@ def unflatten(flat: dict[str, Any]) -> dict[Any, Any]:
     return tree
 
 
-def save_atomic(path: str | os.PathLike, write_fn: Callable[[Path], None]) -> None:
-    """Writes `path` whole or not at all: `write_fn(tmp)` creates the file `tmp` beside `path`,
-    which is then renamed over `path` (and removed if anything fails).
-
-    The file gets the permissions of the umask (0644 under umask 022), like any new file, however
-    `write_fn` created it: safetensors' `save_file`, like `tempfile.mkstemp`, leaves it 0600.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        write_fn(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    # The only way to read it is to set it; set it straight back.
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
-
-
 def save_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
-    """Writes a safetensors file atomically (`save_atomic`)."""
-    save_atomic(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    """Writes a safetensors file atomically (`paths.write_atomic`)."""
+    paths.write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
 
 
 def save_json(obj: Any, path: str | os.PathLike) -> None:
-    """Writes JSON atomically (`save_atomic`)."""
-    save_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8"))
+    """Writes JSON atomically (`paths.write_atomic`)."""
+    paths.write_atomic(
+        path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
+    )
