@@ -336,8 +336,15 @@ def host_device() -> jax.Device:
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
-    if jax.process_index() == 0:
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    """Process 0 writes the run's config.json, whole (the other processes of a resumed run may be
+    reading it in `check_workdir_config` at that moment; an object store's upload is whole)."""
+    if jax.process_index() != 0:
+        return
+    path, text = workdir / "config.json", config.to_json_best_effort(indent=2)
+    if paths.is_remote(path):
+        path.write_text(text)
+    else:
+        paths.write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 # Fields a resumed run may change: how it runs, logs and saves, not what it computes (train never

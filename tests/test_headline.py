@@ -268,8 +268,13 @@ def test_model_card_start_says_only_what_is_known_without_the_export_record(tmp_
     assert text == (
         "started from runs/headline/Distill_lp_long_s0/hf; that export's record was not at hand."
     )
-    late["model"]["init_dir"] = str(model_card.REPO / "runs/headline/Distill_lp_long_s0/hf")
-    assert model_card.start_clause(late).startswith("started from runs/headline/Distill_lp")
+    # A path inside this checkout is shown relative to it (one no run here has: a checkout with
+    # the real twin's export at hand reads its record instead).
+    late["model"]["init_dir"] = str(model_card.REPO / "runs/no_such_study/Distill_lp_long_s0/hf")
+    assert model_card.start_clause(late) == (
+        "started from runs/no_such_study/Distill_lp_long_s0/hf; that export's record was not "
+        "at hand."
+    )
     # At hand, with its own W_out (a Dense module) but no record: the weights, W_out included.
     export = tmp_path / "twin" / "hf"
     export.mkdir(parents=True)
