@@ -98,6 +98,13 @@ def restore(
     return restored["state"], step
 
 
+def saved_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps of the finished checkpoints in `directory`, ascending ([] when it is missing;
+    an unfinished save, "<step>.orbax-checkpoint-tmp...", is not one)."""
+    directory = paths.as_path(directory)
+    return sorted(ocp.utils.checkpoint_steps(directory)) if directory.exists() else []
+
+
 def restore_params(
     directory: str | os.PathLike, *, step: int | None = None, device: jax.Device | None = None
 ) -> tuple[Any, int]:

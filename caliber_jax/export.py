@@ -37,7 +37,6 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import flags
 from etils import epath
 
@@ -162,7 +161,7 @@ def _write_export(workdir: epath.Path, output: epath.Path, *, step: int | None,
 def _check_saved_step(directory: epath.Path, step: int) -> None:
     """Raises FileNotFoundError, in one line listing the saved steps, unless `directory` holds a
     finished checkpoint at `step` (Orbax's own error names a missing `_METADATA` file instead)."""
-    saved = sorted(ocp.utils.checkpoint_steps(directory)) if directory.exists() else []
+    saved = checkpoint.saved_steps(directory)
     if step not in saved:
         listed = ", ".join(str(saved_step) for saved_step in saved) or "none"
         raise FileNotFoundError(

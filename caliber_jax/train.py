@@ -381,15 +381,6 @@ def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[s
     ]  # fmt: skip
 
 
-def saved_steps(workdir: epath.Path) -> list[int]:
-    """The steps of the finished checkpoints under `workdir`/checkpoints (an unfinished save is a
-    "<step>.orbax-checkpoint-tmp..." folder, not counted)."""
-    folder = workdir / "checkpoints"
-    if not folder.is_dir():
-        return []
-    return sorted(int(entry.name) for entry in folder.iterdir() if entry.name.isdigit())
-
-
 def check_workdir_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
     """Before anything is written to `workdir`: its config.json, if any, must be a training run's,
     and a run with checkpoints resumes only with its own settings (up to `RESUME_MAY_CHANGE`):
@@ -406,7 +397,7 @@ def check_workdir_config(config: ml_collections.ConfigDict, workdir: epath.Path)
     if not isinstance(saved, dict) or not _TRAIN_CONFIG_KEYS <= saved.keys():
         raise ValueError(f"{path} is not a training run's config (a model folder?): --workdir "
                          f"must be a run's own folder; choose another")  # fmt: skip
-    steps = saved_steps(workdir)
+    steps = checkpoint.saved_steps(workdir / "checkpoints")
     if not steps:
         return  # nothing trained yet: the new settings stand
     conflicts = resume_conflicts(saved, json.loads(config.to_json_best_effort()))
