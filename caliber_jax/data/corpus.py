@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -356,8 +355,8 @@ def _save_atomic(path: str | os.PathLike, write_fn) -> None:
     renamed over it; a remote one (`gs://...`) as one object upload, which object stores publish
     only once complete.
 
-    A path ending in ".gz" is gzip-compressed. The temporary file is opened with `open`, not
-    `tempfile.mkstemp`, so the result gets the usual umask permissions rather than 0600.
+    A path ending in ".gz" is gzip-compressed. A local file gets the umask's permissions
+    (`paths.write_atomic`).
     """
     path = paths.as_path(path)
     if paths.is_remote(path):
@@ -366,16 +365,12 @@ def _save_atomic(path: str | os.PathLike, write_fn) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(buffer.getvalue())
         return
-    path = Path(os.fspath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp_path, "xb") as raw:
+
+    def write_local(tmp: Path) -> None:
+        with open(tmp, "xb") as raw:
             _write_text(raw, path.name, write_fn)
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
+
+    paths.write_atomic(os.fspath(path), write_local)
 
 
 def _write_text(raw, name: str, write_fn) -> None:
