@@ -12,8 +12,9 @@ only the numeric objective moves it: the exported model is a plain sentence-tran
 with the same architecture, tokenizer and pooling, a drop-in replacement. The objective is the
 NumGap-aligned neighbour threshold (`losses.neighbour_hinge`): pi(x) must end up farther from x
 than the teacher places x's topical BM25 neighbour, which `prepare` mines once from training
-documents (`prepare.neighbour_k`). CPU, bundled sample (3 filings, 640 passages): about 3-5 s per
-step of batch 32 at length 128 on 2 cores. Variant `configs/calibrate.py:caliber` keeps eq. 4.
+documents (`prepare.neighbour_k`). CPU, bundled sample (3 filings; 256 training passages, the
+demo's cap): about 3-5 s per step of batch 32 at length 128 on 2 cores. Variant
+`configs/calibrate.py:caliber` keeps eq. 4.
 """
 
 import ml_collections

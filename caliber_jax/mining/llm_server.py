@@ -132,6 +132,8 @@ class LlamaServer:
     def start(self) -> "LlamaServer":
         if self.ready():
             raise RuntimeError(f"port {self.port}: a server already answers there")
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
