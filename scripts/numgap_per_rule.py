@@ -10,7 +10,8 @@ The anchors come from the held-out documents that the folder's `stats.json` name
 is built from; never training passages), minus every anchor of the `--exclude` files (the
 recorded test set: this is a dev set); `numgap.build_per_rule` draws up to `--per_rule` records
 per rule (`perturb.edit_rule`) under `--scales` and `--polarity_scope`. Score it with
-`python -m caliber_jax.evaluate --tasks numgap --numgap <output>` and read it per rule with
+`python -m caliber_jax.evaluate --model DIR --output RESULTS.json --tasks numgap --numgap
+<output>` and read it per rule with
 `scripts/numgap_rules.py`.
 """
 

@@ -2,7 +2,7 @@
 
     python scripts/study.py --preset demo                       # ~3 minutes: what `make demo` runs
     python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz \
-        --ablation --seeds 0,1 --results_md docs/results.md
+        --ablation --seeds 0,1 --results_md runs/full/results.md
     python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
         --seeds 0,1                                              # issue #15; mpnet-long: longer
 

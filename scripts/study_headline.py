@@ -24,8 +24,9 @@ twin (side by side, `run_phases`); `headline-beyond` runs those phases at full s
 (same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
 chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
 `headline-late` runs the numeric recipe after the twin (`run_phases`). Finished evaluations and the
-report go to `--record` (default docs/study_headline[_verify]/), since run folders do not outlive
-their machine.
+report go to `--record` (default: `default_record`, e.g. docs/study_headline/, docs/study_verify/
+for the verify presets, docs/study_mined/ for headline-beyond, docs/study_mined_pilot/ for
+headline-mined-pilot and headline-chosen), since run folders do not outlive their machine.
 """
 
 import functools
