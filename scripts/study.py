@@ -297,8 +297,8 @@ def main() -> None:
         verify = args.preset == "headline-verify"
         if verify or args.preset == "headline-beyond":
             # The phases from the twin(s), trainings side by side, then the one report.
-            study_headline.run_phases(args, run, variants=study_headline.VERIFY_PHASES,
-                                      verify=verify)  # fmt: skip
+            phases = study_headline.VERIFY_PHASES if verify else study_headline.BEYOND_PHASES
+            study_headline.run_phases(args, run, variants=phases, verify=verify)
         study_headline.run_headline(args, run, verify=verify,
                                     students=args.preset == "headline")  # fmt: skip
         return

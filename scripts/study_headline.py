@@ -474,9 +474,10 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True,
     rule, wall-clock, model cards. At full size with `students` it first trains and scores the
     numeric-from-start headline student per seed (`--preset headline`); without, it reports what
     the phases made (`--preset headline-beyond`; `phases`: the phase variants its paired tests
-    and model cards name, default `BEYOND_PHASES`). At the verification size it scores the
+    and model cards name, default `VERIFY_PHASES` at the verification size, else
+    `BEYOND_PHASES`). At the verification size it scores the
     Teacher, plain all-MiniLM-L6-v2 and the fitted start where `run_phases` has not."""
-    phases = tuple(phases) or BEYOND_PHASES
+    phases = tuple(phases) or (VERIFY_PHASES if verify else BEYOND_PHASES)
     name = "headline_verify" if verify else "headline"
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
@@ -722,12 +723,15 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
 
 # The phases `--preset headline-verify` runs from its twin, and `--preset headline-beyond` from
 # each 2,000-step twin (issue #57): the mined data alone and the mined data with the numeric
-# recipe. The late recipe alone left the verification preset on 2026-11-29 (about 9 of its
-# minutes; Minednum is the late recipe plus the mined data): `--preset headline-late-verify` runs
-# it (records in docs/study_verify/, `default_record`); docs/study_mined_verify/ keeps its rows of
-# the earlier size (300 and 150 steps).
-VERIFY_PHASES = ("mined", "minednum")
-BEYOND_PHASES = VERIFY_PHASES
+# recipe. Since 2026-11-30 the verification preset's numeric phase is the recipe the full-size
+# dev choice chose (`minednum,c1,scales`: every scale swap both ways, docs/results.md); before,
+# `minednum` (records up to 9677986 in docs/study_verify/*_clone/). The late recipe alone left the
+# verification preset on 2026-11-29 (about 9 of its minutes; Minednum is the late recipe plus the
+# mined data): `--preset headline-late-verify` runs it (records in docs/study_verify/,
+# `default_record`); docs/study_mined_verify/ keeps its rows of the earlier size (300 and 150
+# steps).
+VERIFY_PHASES = ("mined", "minednum,c1,scales")
+BEYOND_PHASES = ("mined", "minednum")
 BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`
 # `--preset headline-verify`'s default `--record` since its 2026-11-29 size (twin 200 steps,
 # phases 100); docs/study_mined_verify/ keeps the earlier size's (300 and 150 steps).
@@ -1060,13 +1064,19 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
             prepared(args, run, out / folder, variant, times, tag=tag,
                      reuse_from=None if folder == "data" else data)  # fmt: skip
         elif untrained(needed):  # in the graph, before the twin; done once its trainings are
-            # (side by side with the twin data's vectors, so each folder embeds its own)
+            # (side by side with the twin data's vectors, so each folder embeds its own; a
+            # `_scales` folder holds its base folder's passages with other unit edits, so it
+            # waits for the base's vectors and copies them)
             folder_args = stage_args(args, out / folder, variant)
             stage = graph.add(f"prepare{tag}", ["-m", "caliber_jax.prepare", *folder_args], (),
                               done=(out / folder / "stats.json").is_file())  # fmt: skip
+            base = folder.removesuffix("_scales")
+            reuse = ([f"--reuse_from={out / base}"] if base != folder and base in ready
+                     else [])  # fmt: skip
             ready[folder] = [graph.add(f"teacher vectors{tag}",
-                                       ["-m", "caliber_jax.embed_teacher", *folder_args],
-                                       [stage], done=False)]  # fmt: skip
+                                       ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse],
+                                       [stage, *(ready[base] if reuse else [])],
+                                       done=False)]  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
 

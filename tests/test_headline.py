@@ -606,8 +606,10 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
 ):
     """`--preset headline-verify` end to end with each stage replaced by what it writes, as one
     graph: the twin's data and vectors beside the mined data and its vectors (written side by
-    side, so not reused); the twin alone on every core; the mined and mined + numeric
-    phases from its export once their data is there (free to pair); every model scored on the
+    side, so not reused), the chosen numeric phase's data (every scale swap both ways) copying
+    the mined vectors once they exist; the twin alone on every core; the mined and the chosen
+    mined + numeric phases from its export once their data is there (free to pair); every model
+    scored on the
     verify test set, the teacher and plain MiniLM as soon as the test set exists, the fitted
     start exported at interpolate 0; the report finds them done and puts every row in one table.
     Scheduled with the runner's own rule at stage times measured on 2 cores, the data stages pair
@@ -645,28 +647,38 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     (graph,) = fake_graph.graphs
     assert fake_run.stages[: len(graph)] == [stage.name for stage in graph]
     by_name = {stage.name: stage for stage in graph}
+    numeric = "Minednum c1 scales lp verify s0"
     assert [stage.name for stage in graph] == [
         "prepare", "teacher vectors", "prepare mined", "teacher vectors mined",
+        "prepare mined_scales", "teacher vectors mined_scales",
         "evaluate Teacher", "evaluate Plain MiniLM", "train Distill lp verify s0",
-        "export Distill lp verify s0", "train Mined lp verify s0", "train Minednum lp verify s0",
-        "export Mined lp verify s0", "export Minednum lp verify s0",
+        "export Distill lp verify s0", "train Mined lp verify s0", f"train {numeric}",
+        "export Mined lp verify s0", f"export {numeric}",
         "evaluate Distill lp verify s0", "evaluate Mined lp verify s0",
-        "evaluate Minednum lp verify s0", "export Initial lp verify s0",
+        f"evaluate {numeric}", "export Initial lp verify s0",
         "evaluate Initial lp verify s0",
     ]  # fmt: skip
     assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
-    assert [stage.name for stage in graph if not stage.after] == ["prepare", "prepare mined"]
+    assert [stage.name for stage in graph if not stage.after] == [
+        "prepare", "prepare mined", "prepare mined_scales"]  # fmt: skip
     assert by_name["teacher vectors mined"].after == ("prepare mined",)
     assert not [a for a in by_name["teacher vectors mined"].args if a.startswith("--reuse")]
+    # The scales folder holds the mined passages with other unit edits: it copies their vectors.
+    assert by_name["teacher vectors mined_scales"].after == (
+        "prepare mined_scales", "teacher vectors mined")  # fmt: skip
+    assert f"--reuse_from={out / 'data_mined'}" in by_name["teacher vectors mined_scales"].args
     assert by_name["train Distill lp verify s0"].after == ("teacher vectors",)
     assert by_name["evaluate Teacher"].after == ("prepare",)
-    for phase in ("Mined", "Minednum"):  # both wait for the twin and the data only: they pair
-        assert by_name[f"train {phase} lp verify s0"].after == (
-            "export Distill lp verify s0", "teacher vectors mined")  # fmt: skip
+    # both wait for the twin and their data only: they pair
+    assert by_name["train Mined lp verify s0"].after == (
+        "export Distill lp verify s0", "teacher vectors mined")  # fmt: skip
+    assert by_name[f"train {numeric}"].after == (
+        "export Distill lp verify s0", "teacher vectors mined_scales")  # fmt: skip
     seconds = {"prepare": 40, "teacher vectors": 420, "prepare mined": 106,
-               "teacher vectors mined": 650, "train Distill lp verify s0": 450,
+               "teacher vectors mined": 650, "prepare mined_scales": 106,
+               "teacher vectors mined_scales": 60, "train Distill lp verify s0": 450,
                "evaluate Teacher": 337, "train Mined lp verify s0": 810,
-               "train Minednum lp verify s0": 810}  # fmt: skip
+               f"train {numeric}": 810}  # fmt: skip
     spans = _schedule(graph, {name: seconds.get(name, 3 if name.startswith("export") else 52)
                               for name in by_name}, jobs=2)  # fmt: skip
     assert spans["prepare mined"][0] == 0 and spans["prepare"][0] == 0
@@ -674,9 +686,9 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     assert spans["evaluate Teacher"][1] <= twin[0]  # beside the data stages, not at the end
     assert all(end <= twin[0] or start >= twin[1] for name, (start, end) in spans.items()
                if name != "train Distill lp verify s0")  # fmt: skip
-    assert spans["train Mined lp verify s0"][0] == spans["train Minednum lp verify s0"][0]
+    assert spans["train Mined lp verify s0"][0] == spans[f"train {numeric}"][0]
     # After the phases only their own exports and the last scorings remain (two rounds).
-    phases_end = max(spans[f"train {p} lp verify s0"][1] for p in ("Mined", "Minednum"))
+    phases_end = max(spans[f"train {p}"][1] for p in ("Mined lp verify s0", numeric))
     assert max(end for _, end in spans.values()) - phases_end <= 2 * 3 + 2 * 52
     study_headline.run_headline(args, fake_run, verify=True)
     graph_stages = [stage.name for stage in graph]
@@ -692,25 +704,29 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     assert "--backend=torch" in argv["evaluate Teacher"]
     assert f"--workdir={out / 'Distill_lp_verify_s0'}" in argv["export Initial lp verify s0"]
     start = out / "Distill_lp_verify_s0" / "hf"
-    for phase, variant in (("Mined", "mined"), ("Minednum", "minednum")):
-        train = argv[f"train {phase} lp verify s0"]
-        assert f"--config.data.dir={out / 'data_mined'}" in train
+    for label, variant, folder in (
+        ("Mined lp verify s0", "mined", "data_mined"),
+        (numeric, "minednum,c1,scales", "data_mined_scales"),
+    ):
+        train = argv[f"train {label}"]
+        assert f"--config.data.dir={out / folder}" in train
         assert f"--config.model.init_dir={start}" in train
         assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
     report = (out / "study.md").read_text()
     for label in ("Teacher", "Plain MiniLM", "Initial lp verify s0", "Distill lp verify s0",
-                  "Mined lp verify s0", "Minednum lp verify s0"):  # fmt: skip
+                  "Mined lp verify s0", numeric):  # fmt: skip
         assert f"| {label} |" in report, label
     assert "Late lp verify" not in report
     # What each phase adds, and every trained model against plain MiniLM.
     assert paired["against"] == "Plain MiniLM"
-    assert paired["pairs"][:2] == [("Mined lp verify s0", "Distill lp verify s0"),
-                                   ("Minednum lp verify s0", "Distill lp verify s0")]  # fmt: skip
+    assert paired["pairs"] == [
+        ("Mined lp verify s0", "Distill lp verify s0"), (numeric, "Distill lp verify s0"),
+        (numeric, "Late lp verify s0"), (numeric, "Mined lp verify s0")]  # fmt: skip
     assert ("Minednum lp verify s0+s1", "Late lp verify s0+s1") in study_headline.phase_pairs(
         [0, 1], verify=True
     )
     # The wall-clock table counts the graph's stages too (each faked at 1.5 s).
-    for stage in ("prepare mined", "train Distill lp verify s0", "train Minednum lp verify s0"):
+    for stage in ("prepare mined", "train Distill lp verify s0", f"train {numeric}"):
         assert f"| {stage} | 2 |" in report, stage
     # A rerun finds everything done: no graph.
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
@@ -1215,7 +1231,7 @@ def test_model_card_states_the_mined_objective_and_data():
         ("headline-late-verify", ("late",), True, False),
         ("headline-mined", ("mined",), False, False),
         ("headline-minednum-verify", ("minednum",), True, False),
-        ("headline-verify", ("mined", "minednum"), True, True),
+        ("headline-verify", ("mined", "minednum,c1,scales"), True, True),
         ("headline-beyond", ("mined", "minednum"), False, True),
     ],
 )
