@@ -244,8 +244,9 @@ def save_results(results: Mapping[str, Any], output: str | os.PathLike) -> tuple
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Readers see the old file or the new one, never a partial write (`paths.write_atomic`)."""
-    paths.write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """Readers see the old file or the new one, never a partial write (`paths.write_text_whole`:
+    local or remote)."""
+    paths.write_text_whole(path, text)
 
 
 def _number(value) -> str:

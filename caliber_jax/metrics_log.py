@@ -4,8 +4,6 @@ resumes."""
 import json
 import os
 
-from etils import epath
-
 from caliber_jax import paths
 
 
@@ -20,9 +18,4 @@ def trim_after(path: str | os.PathLike, *, last_step: int) -> None:
     kept = [line for line in lines if line.endswith("\n") and json.loads(line)["step"] <= last_step]
     if len(kept) == len(lines):
         return
-    if paths.is_remote(path):  # an object store replaces the object whole
-        path.write_text("".join(kept), encoding="utf-8")
-        return
-    tmp = epath.Path(path.parent / f".{path.name}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    paths.write_text_whole(path, "".join(kept))

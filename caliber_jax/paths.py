@@ -73,3 +73,13 @@ def umask() -> int:
     mask = os.umask(0o077)
     os.umask(mask)
     return mask
+
+
+def write_text_whole(path: str | os.PathLike, text: str) -> None:
+    """`text` into the file `path`, which readers see whole or not at all: a local file written
+    beside it and renamed over it (`write_atomic`), a remote one (`gs://...`) as one object
+    upload, which an object store publishes only once complete."""
+    if is_remote(path):
+        as_path(path).write_text(text, encoding="utf-8")
+    else:
+        write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -340,11 +340,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None
     reading it in `check_workdir_config` at that moment; an object store's upload is whole)."""
     if jax.process_index() != 0:
         return
-    path, text = workdir / "config.json", config.to_json_best_effort(indent=2)
-    if paths.is_remote(path):
-        path.write_text(text)
-    else:
-        paths.write_atomic(path, lambda tmp: tmp.write_text(text))
+    paths.write_text_whole(workdir / "config.json", config.to_json_best_effort(indent=2))
 
 
 # Fields a resumed run may change: how it runs, logs and saves, not what it computes (train never

@@ -493,6 +493,29 @@ def test_save_atomic_leaves_nothing_behind_when_the_write_fails(tmp_path):
     assert json.loads(target.read_text()) == {"a": 1}
 
 
+def test_write_text_whole_renames_a_local_file_and_uploads_a_remote_one_once(tmp_path, monkeypatch):
+    """A local file is written beside itself and renamed over the old one (nothing left behind);
+    a remote one (`gs://...`: an object store, no rename) goes up in one `write_text`."""
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    paths.write_text_whole(target, "new")
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+    uploads = []
+
+    class Remote:
+        def __init__(self, text):
+            self.text = text
+
+        def write_text(self, text, encoding=None):
+            uploads.append((self.text, text, encoding))
+
+    monkeypatch.setattr(paths, "as_path", Remote)
+    monkeypatch.setattr(paths, "write_atomic", lambda *a: pytest.fail("renamed on a bucket"))
+    paths.write_text_whole("gs://bucket/run/config.json", "{}")
+    assert uploads == [("gs://bucket/run/config.json", "{}", "utf-8")]
+
+
 def test_a_missing_step_lists_the_saved_steps(minilm_dir, tmp_path):
     """`--step` of a step never saved: one line with the saved steps, not Orbax's missing
     _METADATA file; nothing is written."""
