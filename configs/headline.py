@@ -27,11 +27,12 @@ trained objective. The step is every config's (docs/training_path.md): packed ro
 at most 3 row counts, gradients and update in one program per row count; the recorded runs
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
-Variant `verify`: the same recipe at a size two CPU cores run in 33 minutes from a fresh clone
+Variant `verify`: the same recipe at a size two CPU cores run in 32 minutes from a fresh clone
 where they have bfloat16 instructions (dtype `auto`), 42 in float32 elsewhere (teacher vectors and
 XLA compiles included; issue #57 asks ~30): 1,600 passages, 200 steps, a
 260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps (`--preset
-headline-verify` runs the twin, then mined and minednum side by side, at this size).
+headline-verify` runs the twin, then `mined` and the full-size dev choice `minednum,c1,scales`
+side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
@@ -52,10 +53,12 @@ temperature 0.05); `prepare.mined_dev` writes the held-out questions the weight 
 (`--preset headline-mined-pilot[-verify]`). Variant `minednum`: the same data and contrastive term
 with the late numeric recipe in place of LEAF's alignment (neighbour hinge, structure term).
 `--preset headline-mined[num]` runs them from the twins, `--preset headline-beyond` both from
-both twins side by side; `--preset headline-verify` runs both from its twin.
+both twins side by side; `--preset headline-verify` runs `mined` and `minednum,c1,scales` from
+its twin.
 Variant `scales`: every scale swap in both directions (`prepare.scale_swaps = "all"`; the
 paper's set swaps million -> billion or thousand, billion -> million, thousand -> million), data
-in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,scales` as a candidate.
+in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,c1,scales` as a
+candidate (the one the full-size dev choice chose).
 Variant `c<weight>` (with `mined` or `minednum`): the contrastive term's weight, e.g. `c0.1`; the
 dev choice's candidates are written so (`scripts/study_headline.py:MINED_PILOTS`), and
 `--preset headline-chosen` trains the chosen one's seeds by its variant string.

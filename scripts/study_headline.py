@@ -3,7 +3,7 @@
     python scripts/study.py --preset headline --seeds 0,1 \
         --filings ../shared/data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
-        --filings ../shared/data/financebench/filings.jsonl.gz          # 33-42 min on 2 CPU cores
+        --filings ../shared/data/financebench/filings.jsonl.gz          # 32-42 min on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
         --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
@@ -18,8 +18,9 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 (docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
-all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined and mined + numeric phases from its
-twin (side by side, `run_phases`); `headline-beyond` runs those phases at full size.
+all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined phase and the chosen mined +
+numeric phase (`VERIFY_PHASES`) from its twin (side by side, `run_phases`); `headline-beyond` runs
+the mined and the earlier mined + numeric phase (`BEYOND_PHASES`) at full size.
 `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps on the headline's data
 (same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
 chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
