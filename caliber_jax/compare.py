@@ -17,14 +17,14 @@ from pathlib import Path
 
 from absl import flags
 
-from caliber_jax import cli, evaluate
+from caliber_jax import cli, paths
 from caliber_jax.eval import significance
 
 
-def load_results(paths: Sequence[str]) -> dict[str, dict]:
+def load_results(files: Sequence[str]) -> dict[str, dict]:
     """Results dicts keyed by label (the file's `label`, else its path), labels made unique."""
     results: dict[str, dict] = {}
-    for path in paths:
+    for path in files:
         try:
             result = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
@@ -40,12 +40,12 @@ def load_results(paths: Sequence[str]) -> dict[str, dict]:
 
 
 def compare_files(
-    paths: Sequence[str], *, task: str, metric: str, resamples: int, seed: int
+    files: Sequence[str], *, task: str, metric: str, resamples: int, seed: int
 ) -> tuple[list[dict], str]:
     """Rows of `significance.compare_results` (each later file vs the first) and their table."""
-    if len(paths) < 2:
-        raise ValueError(f"give at least two results files to compare, got {len(paths)}")
-    results = load_results(paths)
+    if len(files) < 2:
+        raise ValueError(f"give at least two results files to compare, got {len(files)}")
+    results = load_results(files)
     labels = list(results)
     pairs = [(label, labels[0]) for label in labels[1:]]
     rows = significance.compare_results(
@@ -65,7 +65,7 @@ def main(argv: Sequence[str]) -> None:
     )
     print(table, end="")
     if values.output:
-        evaluate.write_text_atomic(values.output, table)
+        paths.write_text_whole(values.output, table)
 
 
 if __name__ == "__main__":

@@ -238,15 +238,9 @@ def save_results(results: Mapping[str, Any], output: str | os.PathLike) -> tuple
     markdown = output.with_suffix(".md")
     if markdown == output:
         raise ValueError(f"{output}: the results file must not end in .md")
-    write_text_atomic(output, json.dumps(results, indent=2) + "\n")
-    write_text_atomic(markdown, format_markdown({label: results}))
+    paths.write_text_whole(output, json.dumps(results, indent=2) + "\n")
+    paths.write_text_whole(markdown, format_markdown({label: results}))
     return output, markdown
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Readers see the old file or the new one, never a partial write (`paths.write_text_whole`:
-    local or remote)."""
-    paths.write_text_whole(path, text)
 
 
 def _number(value) -> str:

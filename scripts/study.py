@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from stages import Stage, config_value, run_stages, with_seed_means  # noqa: E402  (scripts/ is on sys.path)
 
-from caliber_jax import cli, evaluate, host, provenance  # noqa: E402
+from caliber_jax import cli, evaluate, host, paths, provenance  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
 
 # The paper's eq. 4 (LEAF at lambda = 0) on a config whose default objective is another one.
@@ -297,8 +297,8 @@ def main() -> None:
         verify = args.preset == "headline-verify"
         if verify or args.preset == "headline-beyond":
             # The phases from the twin(s), trainings side by side, then the one report.
-            phases = study_headline.VERIFY_PHASES if verify else study_headline.BEYOND_PHASES
-            study_headline.run_phases(args, run, variants=phases, verify=verify)
+            study_headline.run_phases(args, run, variants=study_headline.phase_set(verify),
+                                      verify=verify)  # fmt: skip
         study_headline.run_headline(args, run, verify=verify,
                                     students=args.preset == "headline")  # fmt: skip
         return
@@ -385,20 +385,20 @@ def main() -> None:
         f"{table}\n\n## Wall-clock (s, this machine)\n\n| stage | seconds |\n| --- | --- |\n"
         f"{timing}\n"
     )
-    evaluate.write_text_atomic(out / "study.md", report)
-    evaluate.write_text_atomic(
+    paths.write_text_whole(out / "study.md", report)
+    paths.write_text_whole(
         out / "study.json",
         json.dumps({"results": results, "times": times, "data": config}, indent=2),
     )
     if args.results_md:
-        evaluate.write_text_atomic(args.results_md, report)
+        paths.write_text_whole(args.results_md, report)
     print("\n" + report)
     print("figures: " + ", ".join(str(f) for f in figures))
     for line in provenance.summary_lines(results, prefix="study"):
         print(line)
     if args.preset in ("demo", "smoke"):  # smoke: the demo's path, cut down for the tests
         table = before_after_table(results)
-        evaluate.write_text_atomic(out / "before_after.md", table)
+        paths.write_text_whole(out / "before_after.md", table)
         print("\n" + DEMO_HEADING + "\n\n" + table + "\n" + DEMO_EPILOGUE)
 
 

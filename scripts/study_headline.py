@@ -54,7 +54,7 @@ from stages import (  # noqa: E402
     with_seed_means,
 )
 
-from caliber_jax import evaluate, provenance  # noqa: E402
+from caliber_jax import evaluate, paths, provenance  # noqa: E402
 from caliber_jax.data import corpus, perturb  # noqa: E402
 from caliber_jax.eval import PER_QUERY, numgap  # noqa: E402
 from configs import demo  # noqa: E402
@@ -262,7 +262,7 @@ def add_times(state_path: Path, times: dict[str, float]) -> None:
     for stage, seconds in times.items():
         total[stage] = round(total.get(stage, 0.0) + seconds, 1)
     state_path.parent.mkdir(parents=True, exist_ok=True)
-    evaluate.write_text_atomic(state_path, json.dumps(state, indent=2))
+    paths.write_text_whole(state_path, json.dumps(state, indent=2))
 
 
 def trained(stage_fn: Callable[[str, list[str]], None], out: Path, record: Path | None,
@@ -449,19 +449,19 @@ def run_pilots(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
     exports |= {label: graph.export(label, workdir, stage)
                 for label, (stage, workdir) in trainings.items()}  # fmt: skip
     results_dir = pilots / "results"
-    paths = {label: graph.score(label, hf, results_dir / evaluate.slug(label) / TASK_FILES[2],
-                                eval_common, [stage])
+    scored = {label: graph.score(label, hf, results_dir / evaluate.slug(label) / TASK_FILES[2],
+                                 eval_common, [stage])
              for label, (stage, hf) in exports.items()}  # fmt: skip
     graph.run(args, times, run_graph)
     graph.record(record)
-    labels = list(paths)  # the fitted start, then the candidates
-    results = {label: load_results(paths[label].parent) for label in labels}
+    labels = list(scored)  # the fitted start, then the candidates
+    results = {label: load_results(scored[label].parent) for label in labels}
     records = numgap.load_numgap(numgap_path)
     rules = numgap_rules.markdown(numgap_rules.per_rule(records, results), labels)
     report = (f"# Headline pilots: {PILOT_STEPS} steps, NumGap **dev** ({len(records)} records)"
               f" and FinanceBench, 256 tokens\n\n{evaluate.format_markdown(results)}\n\n"
               f"## NumGap-D per rule (dev)\n\n{rules}\n")  # fmt: skip
-    evaluate.write_text_atomic(pilots / "pilots.md", report)
+    paths.write_text_whole(pilots / "pilots.md", report)
     record_file(pilots / "pilots.md", out, record)
     print(report)
     for line in provenance.summary_lines(results, prefix="pilots"):
@@ -475,10 +475,9 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True,
     rule, wall-clock, model cards. At full size with `students` it first trains and scores the
     numeric-from-start headline student per seed (`--preset headline`); without, it reports what
     the phases made (`--preset headline-beyond`; `phases`: the phase variants its paired tests
-    and model cards name, default `VERIFY_PHASES` at the verification size, else
-    `BEYOND_PHASES`). At the verification size it scores the
+    and model cards name, default `phase_set(verify)`). At the verification size it scores the
     Teacher, plain all-MiniLM-L6-v2 and the fitted start where `run_phases` has not."""
-    phases = tuple(phases) or (VERIFY_PHASES if verify else BEYOND_PHASES)
+    phases = tuple(phases) or phase_set(verify)
     name = "headline_verify" if verify else "headline"
     out = Path(args.output or f"runs/{name}").resolve()
     data = out / "data"
@@ -567,10 +566,8 @@ def run_headline(args, run: RunFn, *, verify: bool, students: bool = True,
     report = (f"{table}\n\n## NumGap-D per rule (test set)\n\n{rules}\n"
               f"## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
               f"{provenance.format_table(results)}")  # fmt: skip
-    evaluate.write_text_atomic(out / "study.md", report)
-    evaluate.write_text_atomic(
-        state_path, json.dumps({"results": results, "times": times}, indent=2)
-    )
+    paths.write_text_whole(out / "study.md", report)
+    paths.write_text_whole(state_path, json.dumps({"results": results, "times": times}, indent=2))
     for path in (out / "study.md", state_path):
         record_file(path, out, record)
 
@@ -659,7 +656,7 @@ def run_soup(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         f"Share a = 0 is the distilled run, a = 1 the headline run. {summary}\n\n"
         f"{evaluate.format_markdown(dev)}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
-    evaluate.write_text_atomic(soup / "soup.md", report)
+    paths.write_text_whole(soup / "soup.md", report)
     record_file(soup / "soup.md", out, record)
     print(report)
     for line in provenance.summary_lines(dev, prefix="soup"):
@@ -711,7 +708,7 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
         f"{EVAL_MAX_LENGTH} tokens\n\n{summary}\n\n## NumGap-D per rule (dev)\n\n{rules}\n"
     )
     folder.mkdir(parents=True, exist_ok=True)
-    evaluate.write_text_atomic(folder / "blend800.md", report)
+    paths.write_text_whole(folder / "blend800.md", report)
     record_file(folder / "blend800.md", out, record)
     print(report)
     if share is None:
@@ -788,12 +785,27 @@ def phase_pairs(seeds: list[int], *, verify: bool,
     return pairs
 
 
+SCALES_SUFFIX = "_scales"  # a phase data folder with every scale swap both ways
+
+
 def phase_data(variant: str) -> str:
     """The data folder of a phase run from the twin: the mined variants train on the passages
     that get a question ("data_mined"), late and late800 on the late data ("data_late"); with
     `scales` (every scale swap both ways) in its own folder ("data_mined_scales")."""
     folder = "data_mined" if variant.startswith("mined") else "data_late"
-    return f"{folder}_scales" if "scales" in variant.split(",") else folder
+    return f"{folder}{SCALES_SUFFIX}" if "scales" in variant.split(",") else folder
+
+
+def same_passages(folder: str) -> str | None:
+    """The phase data folder (`phase_data`) whose passages `folder` holds with other unit edits,
+    so its teacher vectors cover most of `folder`'s texts ("data_mined" for
+    "data_mined_scales"); None when `folder` is not such a variant."""
+    return folder.removesuffix(SCALES_SUFFIX) if folder.endswith(SCALES_SUFFIX) else None
+
+
+def phase_set(verify: bool) -> tuple[str, ...]:
+    """The phases `--preset headline-verify` (`verify`) or `--preset headline-beyond` trains."""
+    return VERIFY_PHASES if verify else BEYOND_PHASES
 
 
 # `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
@@ -920,14 +932,14 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
                   f"--numgap={data / 'numgap_dev.jsonl'}", f"--max_length={EVAL_MAX_LENGTH}",
                   "--tasks=financebench,numgap"]  # fmt: skip
     scales_common = [f"--numgap={scales_dev}", f"--max_length={EVAL_MAX_LENGTH}", "--tasks=numgap"]
-    paths: dict[str, Path] = {}
+    scored: dict[str, Path] = {}
     scales_paths: dict[str, Path] = {}
 
     def score(graph: StudyGraph, label: str, model: Path, after: Sequence[str] = (),
               *extra: str) -> None:  # fmt: skip
         results = folder / "results" / evaluate.slug(label)
-        paths[label] = graph.score(label, model, results / "financebench+numgap.json",
-                                   [*extra, *dev_common], after)  # fmt: skip
+        scored[label] = graph.score(label, model, results / "financebench+numgap.json",
+                                    [*extra, *dev_common], after)  # fmt: skip
         scales_paths[label] = graph.score(label, model, results / "numgap_scales.json",
                                           [*extra, *scales_common], after,
                                           stage=f"evaluate {label} on scales dev")  # fmt: skip
@@ -966,7 +978,7 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
             score(graph, label, hf, [stage])
         graph.run(args, times, run_graph)
         graph.record(record)
-        report = pilot_report(folder, paths, scales_paths, data, scales_dev,
+        report = pilot_report(folder, scored, scales_paths, data, scales_dev,
                               has_late=has_late, late=late)  # fmt: skip
         record_file(folder / "mined_pilots.md", out, record)
         record_file(folder / CHOICE_FILE, out, record)
@@ -978,12 +990,12 @@ def run_mined_pilots(args, run: RunFn, *, verify: bool,
     add_times(out / "study.json", times)
 
 
-def pilot_report(folder: Path, paths: dict[str, Path], scales_paths: dict[str, Path], data: Path,
+def pilot_report(folder: Path, scored: dict[str, Path], scales_paths: dict[str, Path], data: Path,
                  scales_dev: Path, *, has_late: bool, late: str) -> str:  # fmt: skip
     """The dev table of every model scored so far, the choice of each group whose candidates are
     all scored (also written to `folder`/choice.json) and the per-rule tables, written to
     `folder`/mined_pilots.md; returns the report."""
-    dev = {label: load_results(path.parent) for label, path in paths.items() if path.is_file()}
+    dev = {label: load_results(path.parent) for label, path in scored.items() if path.is_file()}
     floor = dev[late]["numgap"]["overall"]["D"] if has_late and late in dev else None
     choices = mined_choices(dev, floor)
     lines = []
@@ -1012,8 +1024,8 @@ def pilot_report(folder: Path, paths: dict[str, Path], scales_paths: dict[str, P
               f"ways, up to {SCALES_DEV_PER_RULE} records a rule, {len(scales_records)} in all; "
               f"read, not used to choose)\n\n{scales_rules}\n")  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    evaluate.write_text_atomic(folder / CHOICE_FILE, json.dumps(choices, indent=2) + "\n")
-    evaluate.write_text_atomic(folder / "mined_pilots.md", report)
+    paths.write_text_whole(folder / CHOICE_FILE, json.dumps(choices, indent=2) + "\n")
+    paths.write_text_whole(folder / "mined_pilots.md", report)
     return report
 
 
@@ -1066,14 +1078,13 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                      reuse_from=None if folder == "data" else data)  # fmt: skip
         elif untrained(needed):  # in the graph, before the twin; done once its trainings are
             # (side by side with the twin data's vectors, so each folder embeds its own; a
-            # `_scales` folder holds its base folder's passages with other unit edits, so it
-            # waits for the base's vectors and copies them)
+            # folder with the passages of another (`same_passages`) waits for that one's vectors
+            # and copies them)
             folder_args = stage_args(args, out / folder, variant)
             stage = graph.add(f"prepare{tag}", ["-m", "caliber_jax.prepare", *folder_args], (),
                               done=(out / folder / "stats.json").is_file())  # fmt: skip
-            base = folder.removesuffix("_scales")
-            reuse = ([f"--reuse_from={out / base}"] if base != folder and base in ready
-                     else [])  # fmt: skip
+            base = same_passages(folder)
+            reuse = [f"--reuse_from={out / base}"] if base in ready else []
             ready[folder] = [graph.add(f"teacher vectors{tag}",
                                        ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse],
                                        [stage, *(ready[base] if reuse else [])],

@@ -50,7 +50,7 @@ from stages import (  # noqa: E402
     with_seed_means,
 )
 
-from caliber_jax import evaluate, provenance  # noqa: E402
+from caliber_jax import evaluate, paths, provenance  # noqa: E402
 from caliber_jax.eval import plots, significance  # noqa: E402
 from configs import study_mpnet  # noqa: E402
 
@@ -261,7 +261,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             json.loads((data / "stats.json").read_text()) if (data / "stats.json").is_file() else {}
         )
         # Atomic: a run killed mid-write must leave a state the next run can resume from.
-        evaluate.write_text_atomic(
+        paths.write_text_whole(
             state_path, json.dumps({"results": results, "times": times, "data": stats}, indent=2)
         )
         models, paired = with_seed_means(results)
@@ -271,7 +271,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
             f"{table}\n\n## Wall-clock (s)\n\n| stage | seconds |\n| --- | --- |\n{timing}\n\n"
             f"{provenance.format_table(results)}"
         )
-        evaluate.write_text_atomic(out / "study.md", report)
+        paths.write_text_whole(out / "study.md", report)
         for path in (state_path, out / "study.md"):
             record_file(path, out, record)
 
@@ -336,19 +336,19 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         (else none: a model's rows all come from one run); True when all are now present."""
         if drop_stale_results(label, groups):
             results.pop(label, None)  # the state's row came from those files: rebuilt from files
-        paths = [result_path(label, tasks) for tasks in groups]
-        if all(path.is_file() for path in paths):
+        files = [result_path(label, tasks) for tasks in groups]
+        if all(path.is_file() for path in files):
             return True
         if recompute or record is None:
             return False
         if any(not path.is_file() and not (record / path.relative_to(out)).is_file()
-               for path in paths):  # fmt: skip
+               for path in files):  # fmt: skip
             return False
         refused = [
             provenance.check(json.loads((record / path.relative_to(out)).read_text()),
                              config=config_hash(label, tasks), data=data_hash,
                              restore_unverified=restore_unverified)
-            for path, tasks in zip(paths, groups, strict=True) if not path.is_file()
+            for path, tasks in zip(files, groups, strict=True) if not path.is_file()
         ]  # fmt: skip
         if any(refused):
             if label not in said:
@@ -356,7 +356,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
                 print(f"study: {label} not restored: {reason}; computing it", flush=True)
                 said.add(label)
             return False
-        for path, tasks in zip(paths, groups, strict=True):
+        for path, tasks in zip(files, groups, strict=True):
             restore_result(path, out, record, config=config_hash(label, tasks), data=data_hash,
                            who="study", restore_unverified=restore_unverified)  # fmt: skip
         print(f"study: {label} restored from {record}", flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from caliber_jax import evaluate, provenance
+from caliber_jax import evaluate, paths, provenance
 from caliber_jax.eval import numgap, retrieval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def test_results_files_have_the_usual_permissions(tmp_path):
 
     previous = os.umask(0o022)
     try:
-        evaluate.write_text_atomic(tmp_path / "r.json", "{}")
+        paths.write_text_whole(tmp_path / "r.json", "{}")
     finally:
         os.umask(previous)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
