@@ -24,7 +24,7 @@
 #
 # Budget (15 minutes = 900 s of device time, a start and the transfers included): ~60 s start,
 # 595 s for call 1, what is left for call 2. Measured on one H200 (2026-11-29, 4a6f2a7; records
-# docs/benchmarks_records/h200_2026-11-29_4a6f2a7/): setup 42 s, then the epoch was stopped by
+# records/benchmarks/h200_2026-11-29_4a6f2a7/): setup 42 s, then the epoch was stopped by
 # its limit at 518.7 s with ~110 steps to go (529 s projected), of which ~47 s the second step
 # waiting for its program and ~27 s synchronous checkpoint saves; with epoch 0's first 800 steps
 # of one row count (data.pack_first_steps) and asynchronous saves since, it should end near

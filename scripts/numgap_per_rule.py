@@ -3,7 +3,7 @@ held-out filings: the per-rule, per-direction readout (issue #57) that the paper
 too few records for (9 to 35 per scale swap).
 
     python scripts/numgap_per_rule.py --data runs/headline/data --category unit --scales all \
-        --per_rule 40 --exclude docs/study_mpnet_long/data/numgap_test.jsonl \
+        --per_rule 40 --exclude records/study_mpnet_long/data/numgap_test.jsonl \
         --output runs/numgap_scales/numgap_unit_dev.jsonl
 
 The anchors come from the held-out documents that the folder's `stats.json` names (those NumGap

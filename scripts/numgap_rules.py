@@ -1,7 +1,7 @@
 """NumGap-D per perturbation rule within each category, from recorded per-record results.
 
-    python scripts/numgap_rules.py --numgap docs/study_mpnet_long/data/numgap_test.jsonl \
-        --results docs/study_mpnet_long/results/*/numgap.json --output docs/numgap_rules.md
+    python scripts/numgap_rules.py --numgap records/study_mpnet_long/data/numgap_test.jsonl \
+        --results records/study_mpnet_long/results/*/numgap.json --output docs/numgap_rules.md
 
 `--stat M` gives the mean margin M = cos(x, d) - cos(x, pi x) per rule instead of the share
 separated: where D is 0, whether a rule is near separating or where distillation left it.

@@ -115,7 +115,7 @@ PRESETS = {
 }
 TASKS = "financebench,numgap"
 # The demo's last lines: where the same objective is shown at a useful size, and the full recipe.
-# Each figure is a record's (docs/demo_record.json says which; tests/test_study.py checks them).
+# Each figure is a record's (records/demo_record.json says which; tests/test_study.py checks them).
 DEMO_EPILOGUE = """\
 The student above is a 3-layer cut trained for a few dozen steps on 256 passages: it separates
 numbers its teacher does not, but it retrieves far below its teacher. The same objective at a size
@@ -126,9 +126,9 @@ on 2 CPU cores with bfloat16 instructions (AVX512_BF16) and an empty compile cac
 commit f684351; 42 minutes in float32 on CPUs without them; it needs ~16 GB of memory, the two
 last trainings side by side): mined questions lift the distilled student's FinanceBench nDCG@10
 to 0.592 against its twin's 0.552, and with the numeric objective on every scale swap as well
-NumGap-D reaches 0.081 against its teacher's 0.004 (docs/study_verify/, docs/results.md).
+NumGap-D reaches 0.081 against its teacher's 0.004 (records/study_verify/, docs/results.md).
 The full numeric recipe (`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches
-nDCG@10 0.608 at NumGap-D 0.381 (docs/study_headline/); the paper's own setting
+nDCG@10 0.608 at NumGap-D 0.381 (records/study_headline/); the paper's own setting
 (Qwen3-Embedding-0.6B student, 8B teacher, GPU) is configs/caliber.py."""
 DEMO_HEADING = """\
 ## Before and after: the numeric objective on the bundled sample
@@ -222,11 +222,11 @@ def main() -> None:
     parser.add_argument(
         "--record", default=None,
         help="(--preset mpnet, mpnet-long, headline*) tracked directory where finished "
-        "evaluations are recorded and restored from; default docs/study_mpnet[_long] for the "
+        "evaluations are recorded and restored from; default records/study_mpnet[_long] for the "
         "mpnet presets, study_headline.default_record for the headline presets (the verification "
-        "presets docs/study_verify, headline-beyond and its phases docs/study_mined, "
-        "headline-mined-pilot and headline-chosen docs/study_mined_pilot, the others "
-        "docs/study_headline); '' = off",
+        "presets records/study_verify, headline-beyond and its phases records/study_mined, "
+        "headline-mined-pilot and headline-chosen records/study_mined_pilot, the others "
+        "records/study_headline); '' = off",
     )  # fmt: skip
     parser.add_argument(
         "--jobs", type=int, default=min(2, host.usable_cores()),

@@ -13,7 +13,7 @@ what has been measured so far.
 
 A run folder does not outlive its machine and the study takes many CPU hours, so every finished
 evaluation (`results/<model>/<tasks>.json`) and the study state are also recorded under `--record`
-(default `docs/study_mpnet/`, tracked in git) and restored from there on the next run: a model
+(default `records/study_mpnet/`, tracked in git) and restored from there on the next run: a model
 whose evaluations are all recorded is not trained or evaluated again. Each record carries its
 provenance (`caliber_jax/provenance.py`: commit, config hash, data hash, machine, date); a model
 is restored only when every one of its records has this run's config hash (the resolved training
@@ -234,7 +234,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
     base_config = f"--config={REPO / CONFIG}" + (":long" if long else "")
     config_args = [base_config, f"--config.data.dir={data}", *common]
     seeds = [int(s) for s in args.seeds.split(",")]
-    record_dir = REPO / "docs" / name if args.record is None else args.record
+    record_dir = REPO / "records" / name if args.record is None else args.record
     record = Path(record_dir).resolve() if record_dir else None
     recompute = getattr(args, "recompute", False)
     restore_unverified = getattr(args, "restore_unverified", False)
@@ -280,7 +280,7 @@ def run_study(args, run_stage: RunFn, *, long: bool = False) -> None:
         # figures up to date.
         figures = plots.plot_all(results, out / "figures")
         for figure in figures:
-            record_file(figure, out, record)  # docs/study_mpnet*/figures/
+            record_file(figure, out, record)  # records/study_mpnet*/figures/
         return figures
 
     start = time.perf_counter()

@@ -17,7 +17,7 @@ mid-run steps (`<name>_at600`: its checkpoints are kept through `config.keep_per
 `--interpolate 0.5,0.7` scores weight-space blends of the final model with the initial student
 (`<name>_w0.5`: `caliber_jax.export --interpolate`). Both are dev points like any other.
 
-Finished points are also recorded under `--record` (default `docs/sweep/`, tracked in git): a run
+Finished points are also recorded under `--record` (default `records/sweep/`, tracked in git): a run
 directory does not outlive its machine, a point takes hours on a CPU, so a later run (another
 machine, a fresh clone) restores the recorded points into `<output>/points/` and skips them. Their
 trained models are not recorded: `--test` on a restored point needs its model directory. A point
@@ -413,7 +413,7 @@ def main() -> None:
     parser.add_argument("--eval_max_length", type=int, default=128,
                         help="token limit of every evaluated model (the students' training "
                         "length)")  # fmt: skip
-    parser.add_argument("--record", default=str(REPO / "docs" / "sweep"),
+    parser.add_argument("--record", default=str(REPO / "records" / "sweep"),
                         help="directory (tracked) where finished points are recorded and "
                         "restored from; '' = off")  # fmt: skip
     parser.add_argument("--recompute", action="store_true",

@@ -405,7 +405,7 @@ def test_headline_report_marks_the_recorded_rows_restored(tmp_path, monkeypatch,
     assert "study: restored from records: " in printed and "Initial lp long s0 (restored" in printed
     card = (out / study_headline.evaluate.slug(label) / "hf" / "README.md").read_text()
     assert "commit new1234" in card
-    assert "(`docs/study_mpnet_long/data/numgap_test.jsonl`)" in card  # as a clone names it
+    assert "(`records/study_mpnet_long/data/numgap_test.jsonl`)" in card  # as a clone names it
     # A blend that `headline-soup` scored on the test set gets its card too.
     soup = out / "Soup_lp_long_s0"
     fake_run("export", ["caliber_jax.export", f"--output={soup / 'hf'}"], {})

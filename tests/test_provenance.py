@@ -1,4 +1,4 @@
-"""caliber_jax/provenance.py: hashes, the restore check, the marks, and the records under docs/."""
+"""caliber_jax/provenance.py: hashes, the restore check, the marks, and the records."""
 
 import json
 import subprocess
@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import ml_collections
+import pytest
 
 from caliber_jax import provenance
 
@@ -85,19 +86,21 @@ def test_git_commit_is_head_of_this_checkout():
     assert provenance.git_commit().split("+")[0] == head
 
 
-def test_git_commit_is_dirty_for_code_not_for_records(tmp_path):
-    """A study writes its records into docs/ of the checkout it runs from: that leaves the code
-    clean; an edit to a tracked code file marks the commit '+dirty'."""
+@pytest.mark.parametrize("folder", ["records", "docs"])
+def test_git_commit_is_dirty_for_code_not_for_records(tmp_path, folder):
+    """A study writes its records into records/ of the checkout it runs from (and a page of docs/
+    may be edited beside it): that leaves the code clean; an edit to a tracked code file marks
+    the commit '+dirty'."""
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "r.json").write_text("{}")
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "r.json").write_text("{}")
     (tmp_path / "m.py").write_text("x = 1\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "c"], check=True)
     head = provenance.git_commit(tmp_path)
     assert len(head) == 12 and "+" not in head
-    (tmp_path / "docs" / "r.json").write_text('{"a": 1}')
+    (tmp_path / folder / "r.json").write_text('{"a": 1}')
     assert provenance.git_commit(tmp_path) == head
     (tmp_path / "m.py").write_text("x = 2\n")
     assert provenance.git_commit(tmp_path) == head + "+dirty"
@@ -105,7 +108,7 @@ def test_git_commit_is_dirty_for_code_not_for_records(tmp_path):
 
 def test_git_commit_is_dirty_for_an_untracked_module_not_an_ignored_file(tmp_path):
     """A new module not yet committed changes the code as much as an edit does; files the
-    checkout ignores (.gitignore: run folders, caches) and new records under docs/ do not."""
+    checkout ignores (.gitignore: run folders, caches) and new records under records/ do not."""
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)
     (tmp_path / ".gitignore").write_text("runs/\n*.pyc\n")
@@ -117,8 +120,8 @@ def test_git_commit_is_dirty_for_an_untracked_module_not_an_ignored_file(tmp_pat
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "metrics.jsonl").write_text("{}\n")
     (tmp_path / "m.pyc").write_bytes(b"\0")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "new_record.json").write_text("{}")
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "new_record.json").write_text("{}")
     assert provenance.git_commit(tmp_path) == head
     (tmp_path / "helper.py").write_text("y = 2\n")
     assert provenance.git_commit(tmp_path) == head + "+dirty"
@@ -133,7 +136,7 @@ def test_every_record_under_docs_carries_provenance(tmp_path, capsys):
 
     records = sorted(
         path
-        for pattern in ("docs/study_mpnet*/results/**/*.json", "docs/sweep/**/*.json")
+        for pattern in ("records/study_mpnet*/results/**/*.json", "records/sweep/**/*.json")
         for path in REPO.glob(pattern)
         if "/drift/" not in path.as_posix()
     )
@@ -141,7 +144,7 @@ def test_every_record_under_docs_carries_provenance(tmp_path, capsys):
     for path in records:
         block = json.loads(path.read_text()).get("provenance")
         assert block and all(block.get(field) for field in FIELDS), path
-    record = REPO / "docs" / "sweep"
+    record = REPO / "records" / "sweep"
     path = tmp_path / "points" / "teacher.json"
     assert not restore_result(path, tmp_path, record, config="c", data="d", who="test",
                               restore_unverified=False)  # fmt: skip

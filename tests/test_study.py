@@ -123,10 +123,10 @@ def test_before_after_table_rows_and_paired_tests():
 
 
 def test_demo_epilogue_quotes_the_records():
-    """The demo's closing pointers quote the records that measured them (docs/demo_record.json
+    """The demo's closing pointers quote the records that measured them (records/demo_record.json
     names each), rounded to 3 places; nothing is read from the prose docs."""
     epilogue = " ".join(_study_module().DEMO_EPILOGUE.split())
-    record = json.loads((REPO / "docs" / "demo_record.json").read_text())
+    record = json.loads((REPO / "records" / "demo_record.json").read_text())
     verify, full = record["pointers"]["headline_verify"], record["pointers"]["headline_late800"]
     assert f"python scripts/study.py {verify['command']}" in epilogue
     assert f"about {round(verify['wall_s'] / 60)} minutes from a fresh clone" in epilogue
@@ -151,9 +151,9 @@ def test_demo_epilogue_quotes_the_records():
 
 
 def test_demo_record_holds_the_table_it_quotes():
-    """docs/demo_record.json's recorded before/after table says what its figures say, and the
+    """records/demo_record.json's recorded before/after table says what its figures say, and the
     record names the command, date, commit, config and machine that produced it."""
-    demo = json.loads((REPO / "docs" / "demo_record.json").read_text())["demo"]
+    demo = json.loads((REPO / "records" / "demo_record.json").read_text())["demo"]
     for field in ("command", "date", "commit", "config", "machine", "shared", "wall_s"):
         assert demo[field], field
     lines = demo["table"].splitlines()
