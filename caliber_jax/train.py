@@ -591,7 +591,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Raises one ValueError naming the field for a config the run would otherwise stop on
     later (a division by zero at the first log, a loss setting found only when the step is
-    traced, after the weights and inputs are loaded)."""
+    traced, after the weights and inputs are loaded, cuDNN attention without a GPU, a batch the
+    devices do not divide)."""
     fields = ("log_every", "checkpoint_every", "eval_every", "optim.accum_steps",
               "keep_checkpoints", "batch_size")  # fmt: skip
     for field in fields:
@@ -614,6 +615,19 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if loss.get("contrastive_weight", 0.0) and not loss.get("contrastive_temperature", 0.05) > 0:
         raise ValueError(f"config.loss.contrastive_temperature="
                          f"{loss.contrastive_temperature!r}: expected > 0")  # fmt: skip
+    # What this machine decides: its backend and device count (the mesh `_train` builds).
+    if config.model.attention == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this run's "
+            f"backend is {jax.default_backend()!r}: use 'xla'"
+        )
+    devices = jax.device_count()
+    if config.mesh.fsdp < 1 or devices % config.mesh.fsdp:
+        raise ValueError(f"config.mesh.fsdp={config.mesh.fsdp}: fsdp={config.mesh.fsdp} must "
+                         f"divide the device count {devices}")  # fmt: skip
+    if config.batch_size % devices:
+        raise ValueError(f"config.batch_size={config.batch_size}: not divisible by {devices} "
+                         f"devices (each device takes an equal share of every batch)")  # fmt: skip
 
 
 def check_source(config: ml_collections.ConfigDict, source: pipeline.TrainSource) -> None:
@@ -658,12 +672,6 @@ def _train(
     steps = total_steps(config, len(train_source))  # micro-batches
     optimizer, schedule = optimizer_and_schedule(config, steps)
     mesh = sharding.make_mesh(fsdp=config.mesh.fsdp)
-    sharding.check_batch_size(config.batch_size, mesh)
-    if config.model.attention == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this run's "
-            f"backend is {jax.default_backend()!r}: use 'xla'"
-        )
     graphdef, params, abstract, init_fn = make_model_state(
         config, spec, flat, mesh=mesh, optimizer=optimizer, scan_layers=path.scan_layers
     )

@@ -375,6 +375,7 @@ def test_input_errors_are_one_line(data_dir, tmp_path):
         "error: config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this "
         "run's backend is 'cpu': use 'xla'"
     )
+    assert not (tmp_path / "cudnn").exists()  # refused before config.json and W_out's fit
 
 
 def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
@@ -449,6 +450,27 @@ def test_a_config_the_run_would_stop_on_later_is_one_line_first(field, value, me
     node, _, name = field.rpartition(".")
     (config[node] if node else config)[name] = value
     with pytest.raises(ValueError, match=re.escape(message)):
+        train_lib.check_config(config)
+
+
+def test_a_config_error_found_only_on_the_machine_is_refused_first_too():
+    """cuDNN attention off a GPU, and a batch the devices do not divide: `check_config` refuses
+    them, before the workdir's config.json is written and W_out fitted (tests see 8 CPU
+    devices)."""
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    config = caliber.get_config()
+    config.model.attention = "cudnn"
+    with pytest.raises(ValueError, match=re.escape("config.model.attention='cudnn' needs a GPU")):
+        train_lib.check_config(config)
+    config = caliber.get_config()
+    config.batch_size = 12
+    with pytest.raises(ValueError, match=re.escape("config.batch_size=12: not divisible by 8")):
+        train_lib.check_config(config)
+    config = caliber.get_config()
+    config.mesh.fsdp = 3
+    with pytest.raises(ValueError, match=re.escape("fsdp=3 must divide the device count 8")):
         train_lib.check_config(config)
 
 
