@@ -344,12 +344,14 @@ def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None
 
 
 # Fields a resumed run may change: how it runs, logs and saves, not what it computes (train never
-# reads prepare's or the teacher's settings: the teacher's vectors are in the store).
+# reads prepare's or the teacher's settings: the teacher's vectors are in the store). Not
+# data.worker_count: the loader's saved position (Grain's iterator state) has one layout without
+# workers and another, per worker, with them; restored under another count it fails or replays.
 RESUME_MAY_CHANGE = (
     "prepare", "teacher", "mesh", "multihost", "compile_ahead", "watchdog_factor",
     "watchdog_min_s", "log_every", "eval_every", "eval_at_start", "checkpoint_every",
-    "keep_checkpoints", "keep_period", "checkpoint_async", "tensorboard", "data.worker_count",
-    "data.read_threads", "data.validate", "model.remat", "model.attention",
+    "keep_checkpoints", "keep_period", "checkpoint_async", "tensorboard", "data.read_threads",
+    "data.validate", "model.remat", "model.attention",
 )  # fmt: skip
 # Top-level fields every training config.json has (what tells it from a model's config.json).
 _TRAIN_CONFIG_KEYS = frozenset({"model", "optim", "loss", "data"})

@@ -510,6 +510,30 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
         train_lib.check_workdir_config(config, workdir)
 
 
+def test_a_run_resumes_only_with_its_own_loader_worker_count(tmp_path):
+    """Grain's saved iterator position has one layout without workers and another with them (and
+    one entry per worker): a resume with another data.worker_count failed with a KeyError once
+    weights, lengths and compiles had started (0 -> 2, 2 -> 0), or restored a position that
+    replays or skips batches (2 -> 3). Refused up front, naming the field."""
+    from caliber_jax import train as train_lib
+    from configs import caliber
+
+    workdir = epath.Path(tmp_path)
+    config = caliber.get_config()
+    config.data.worker_count = 0
+    train_lib.write_config(config, workdir)
+    (workdir / "checkpoints" / "20").mkdir(parents=True)
+    for before, after in ((0, 2), (2, 0), (2, 3)):
+        config.data.worker_count = before
+        train_lib.write_config(config, workdir)
+        config.data.worker_count = after
+        message = f"data.worker_count={after} (the run's {before})"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train_lib.check_workdir_config(config, workdir)
+    config.data.worker_count, config.data.read_threads = 2, 1  # read threads may change
+    train_lib.check_workdir_config(config, workdir)
+
+
 def test_neighbour_objective_without_neighbours_is_refused(tmp_path):
     """Without a "neighbour" per training passage the neighbour hinge covers no row: the run
     would train the alignment alone and log num = 0. It is refused, naming both fields."""
