@@ -21,7 +21,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from caliber_jax import cli, embedder, paths, sharding
+from caliber_jax import cli, embedder, hub, paths, sharding
 from caliber_jax.data import pipeline, teacher
 from caliber_jax.models import embedding
 
@@ -42,7 +42,7 @@ def load_teacher(teacher_config):
         from caliber_jax.data import torch_teacher  # torch only when asked for
 
         return torch_teacher.TorchEncoder(
-            teacher_config.model_dir,
+            hub.resolve_model_dir(teacher_config.model_dir),
             pooling=teacher_config.pooling,
             dtype=teacher_config.dtype,
             device=teacher_config.device,

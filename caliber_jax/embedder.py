@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from caliber_jax import host, sharding, tokenization
+from caliber_jax import host, hub, sharding, tokenization
 from caliber_jax.data import padding
 from caliber_jax.models import embedding, st_layout
 
@@ -131,23 +131,25 @@ class Embedder:
         attention: str = "xla",
         data_parallel: bool = False,
     ) -> "Embedder":
-        """Loads a local HF directory (config.json + safetensors + tokenizer files).
+        """Loads a HF directory (config.json + safetensors + tokenizer files) or a Hub id.
 
         Args:
-            path: model directory in HF (optionally sentence-transformers) layout.
+            path: model directory in HF (optionally sentence-transformers) layout, or a Hub id
+                `org/name[@revision]` (`hub.resolve_model_dir`: fetched into the Hub cache, or
+                found there when offline).
             pooling: "mean", "last" or "cls"; None takes the directory's sentence-transformers
                 pooling.
             dtype: compute dtype, "float32" or "bfloat16" (params stay float32).
             num_layers: keep only the first N encoder layers (to initialise a smaller student).
             out_dim: add a W_out to this dimension when the directory has none (LEAF).
-            tokenizer_dir: where the tokenizer files are, if not in `path`.
+            tokenizer_dir: where the tokenizer files are (a folder or Hub id), if not in `path`.
             seed: initialises a new W_out.
             param_dtype: "bfloat16" stores the matrices and embedding tables in bfloat16 (half the
                 memory: an 8B teacher in 16 GB instead of 32); norms and biases stay float32.
             attention: "xla" or "cudnn" (GPU, bfloat16; `layers.attention`).
             data_parallel: split each batch over all local devices (params replicated).
         """
-        path = Path(path)
+        path = hub.resolve_model_dir(path)
         spec = embedding.read_spec(path, pooling=pooling, num_layers=num_layers, out_dim=out_dim)
         flat = cast_params(embedding.load_flat_params(path, spec, seed=seed), param_dtype)
         graphdef, params = embedding.split_model(

@@ -1,4 +1,4 @@
-"""Encode texts with any local HF / sentence-transformers model directory.
+"""Encode texts with any HF / sentence-transformers model directory or Hub id.
 
     python -m caliber_jax.encode --model DIR --input texts.jsonl --output vectors.npy \
         [--text_field text] [--query_task "Given a question, retrieve passages"]
@@ -63,7 +63,12 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    flags.DEFINE_string("model", None, "Local HF / sentence-transformers directory.", required=True)
+    flags.DEFINE_string(
+        "model",
+        None,
+        "HF / sentence-transformers directory, or Hub id org/name[@revision].",
+        required=True,
+    )
     flags.DEFINE_string("input", None, "texts.jsonl[.gz] or texts.txt", required=True)
     flags.DEFINE_string("output", None, "vectors.npy to write.", required=True)
     flags.DEFINE_string("text_field", "text", "JSONL field with the text.")

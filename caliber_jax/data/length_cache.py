@@ -16,7 +16,7 @@ import os
 import numpy as np
 from etils import epath
 
-from caliber_jax import paths
+from caliber_jax import hub, paths
 
 DIR = "token_lengths"
 # The files that can define a tokenizer directory's output (`tokenization.load_tokenizer`).
@@ -49,6 +49,8 @@ def cache_path(
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     tokenizer = paths.as_path(tokenizer_dir)
+    if not tokenizer.exists() and hub.parse_hub_id(os.fspath(tokenizer_dir)):
+        tokenizer = hub.resolve_model_dir(tokenizer_dir)  # a Hub id: the files of its snapshot
     for name in _TOKENIZER_FILES:
         file = tokenizer / name
         if file.exists():

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from caliber_jax import hub
 from caliber_jax.models import hf, layers, st_layout
 
 DENSE_DIR = "2_Dense"
@@ -129,12 +130,13 @@ def read_spec(
     num_layers: int | None = None,
     out_dim: int | None = None,
 ) -> ModelSpec:
-    """Reads the architecture of a HF / sentence-transformers directory.
+    """Reads the architecture of a HF / sentence-transformers directory (or Hub id,
+    `hub.resolve_model_dir`).
 
     `pooling=None` takes the directory's sentence-transformers pooling (mean if none is recorded).
     `out_dim` adds a fresh W_out when the directory has no Dense module and out_dim != width.
     """
-    model_dir = Path(model_dir)
+    model_dir = hub.resolve_model_dir(model_dir)
     family, config, raw = hf.load_config(model_dir)
     config = hf.with_num_layers(config, num_layers)
     if st_layout.is_sentence_transformers_dir(model_dir):
@@ -240,20 +242,23 @@ def abstract_model(
 
 
 def has_new_w_out(model_dir: str | Path, spec: ModelSpec) -> bool:
-    """True when `spec` has a W_out that `model_dir` does not hold (it starts from an init)."""
-    return spec.out_dim is not None and not (
-        _holds_dense(model_dir) and (Path(model_dir) / DENSE_DIR / "model.safetensors").is_file()
-    )
+    """True when `spec` has a W_out that `model_dir` (a folder or Hub id) does not hold (it starts
+    from an init)."""
+    if spec.out_dim is None:
+        return False
+    model_dir = hub.resolve_model_dir(model_dir)
+    return not (_holds_dense(model_dir) and (model_dir / DENSE_DIR / "model.safetensors").is_file())
 
 
 def load_flat_params(
     model_dir: str | Path, spec: ModelSpec, *, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Flat float32 params (`encoder.*`, `dense.*`) from a HF / sentence-transformers directory.
+    """Flat float32 params (`encoder.*`, `dense.*`) from a HF / sentence-transformers directory
+    (or Hub id, `hub.resolve_model_dir`).
 
     A W_out that the directory does not hold is initialised (Xavier uniform, zero bias) from `seed`.
     """
-    model_dir = Path(model_dir)
+    model_dir = hub.resolve_model_dir(model_dir)
     tensors = hf.read_safetensors(model_dir)
     source = str(model_dir)
     flat = {

@@ -2,7 +2,8 @@
 
 One declarative table per model family maps HF tensor names to our parameter paths (and back), with
 the transform each needs: Linear weights are [out, in] in PyTorch and [in, out] (`kernel`) here.
-Weights are only ever read from local directories.
+Weights are only ever read from local directories (a Hub id is first fetched into the Hub cache,
+`hub.resolve_model_dir`).
 """
 
 import dataclasses
@@ -10,7 +11,6 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,7 +20,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from caliber_jax import paths
+from caliber_jax import hub, paths
 from caliber_jax.models import bert, mpnet, qwen3, st_layout
 
 # (HF name template, our path template, transform). `{i}` stands for a layer index.
@@ -128,8 +128,9 @@ _LEGACY_NAMES = (
 
 
 def load_config(model_dir: str | os.PathLike) -> tuple[str, Any, dict[str, Any]]:
-    """Reads `config.json`. Returns (family, our frozen config, the raw dict)."""
-    path = Path(model_dir) / "config.json"
+    """Reads `config.json` of a folder or Hub id. Returns (family, our frozen config, raw dict)."""
+    model_dir = hub.resolve_model_dir(model_dir)
+    path = model_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model directory)")
     raw = st_layout.read_json(path)
@@ -139,7 +140,7 @@ def load_config(model_dir: str | os.PathLike) -> tuple[str, Any, dict[str, Any]]
     try:
         config = FAMILIES[family][0].from_hf(raw)
     except ValueError as error:  # "config.json: ..." from the family: name the directory
-        raise ValueError(f"{Path(model_dir)}/{error}") from error
+        raise ValueError(f"{model_dir}/{error}") from error
     return family, config, raw
 
 
@@ -156,8 +157,9 @@ def with_num_layers(config: Any, num_layers: int | None) -> Any:
 
 def read_safetensors(model_dir: str | os.PathLike) -> dict[str, np.ndarray]:
     """All tensors of `model.safetensors` or of a sharded `model.safetensors.index.json`; a file
-    that cannot be read (truncated, not safetensors) is a ValueError naming it."""
-    model_dir = Path(model_dir)
+    that cannot be read (truncated, not safetensors) is a ValueError naming it. `model_dir`: a
+    folder or Hub id (`hub.resolve_model_dir`)."""
+    model_dir = hub.resolve_model_dir(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(st_layout.read_json(index)["weight_map"].values()))
