@@ -97,9 +97,10 @@ def loss_fn(
     """
     s_x, s_px = embed_pairs(graphdef, params, batch)
     s_q = None
-    if loss_args.get("query_weight") or loss_args.get("contrastive_weight"):
+    query_terms = ("query_weight", "contrastive_weight", "query_align_weight")
+    if any(loss_args.get(term) for term in query_terms):
         if "query_input_ids" not in batch:
-            term = "query_weight" if loss_args.get("query_weight") else "contrastive_weight"
+            term = next(term for term in query_terms if loss_args.get(term))
             raise ValueError(f"loss.{term} > 0 needs training queries (prepare.queries)")
         model = nnx.merge(graphdef, params)
         s_q = model(batch["query_input_ids"], batch["query_attention_mask"])
@@ -122,6 +123,7 @@ def vectors_loss(
     contrastive_weight: float = 0.0,
     contrastive_temperature: float = 0.05,
     contrastive_judge: str = "none",
+    query_align_weight: float = 0.0,
     s_q: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
@@ -140,6 +142,10 @@ def vectors_loss(
     the mining pipeline, applied to in-batch candidates); "none" keeps every question. Parts
     "contrastive" (mean over the kept questions), "contrastive_acc" (the student's in-batch
     top-1 accuracy on them) and "contrastive_kept" (their share of the rows with a question).
+
+    With `query_align_weight` > 0, also that weight times ||s(q) - t(q)|| of each row's question
+    (LEAF's alignment applied to the questions, as LEAF trains on queries and documents alike),
+    part "query_align": its mean over the rows with a question.
     """
     loss, parts = _pair_loss(
         s_x, s_px, batch, lam=lam, margin=margin, reduction=reduction, objective=objective,
@@ -153,6 +159,14 @@ def vectors_loss(
         )
         loss = loss + contrastive_weight * term
         parts = {**parts, **extra}
+    if query_align_weight:
+        if s_q is None:
+            raise ValueError("loss.query_align_weight > 0 needs the student's query vectors (s_q)")
+        q_rows = batch["weight"].astype(jnp.float32) * batch["has_q"].astype(jnp.float32)
+        per_query = losses.align_loss(s_q, batch["teacher_q"])
+        align_q = jnp.sum(q_rows * per_query) / jnp.maximum(jnp.sum(q_rows), 1e-12)
+        loss = loss + query_align_weight * align_q
+        parts = {**parts, "query_align": align_q}
     if not query_weight:
         return loss, parts
     if s_q is None:
@@ -350,6 +364,7 @@ EVAL_PART_ROWS = {
     "hinge_active_frac": "term_rows",
     "sim_nb": "term_rows",
     "query": "query_rows",
+    "query_align": "query_rows",
     "contrastive": "contrastive_rows",
     "contrastive_acc": "contrastive_rows",
     "contrastive_kept": "query_rows",

@@ -97,7 +97,8 @@ def make_source(
     passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
     # The training queries' store (`embed_teacher`), read only when the query term is on.
     loss = config.loss
-    uses_queries = loss.get("query_weight", 0.0) or loss.get("contrastive_weight", 0.0)
+    uses_queries = any(loss.get(term, 0.0) for term in ("query_weight", "contrastive_weight",
+                                                         "query_align_weight"))  # fmt: skip
     teacher_q = teacher_x.parent / "q" if uses_queries else None
     for path in (passages, teacher_x, *([teacher_q] if teacher_q else [])):
         if not path.exists():
@@ -445,6 +446,7 @@ def evaluate(eval_fn, params, loader_factory, mesh,
             perturb_weight=loss.get("perturb_weight", 1.0),
             structure_weight=loss.structure_weight, query_weight=loss.get("query_weight", 0.0),
             contrastive_weight=loss.get("contrastive_weight", 0.0),
+            query_align_weight=loss.get("query_align_weight", 0.0),
             pert_frac=counts["pert_rows"] / counts["rows"], term_frac=out["val/term_frac"],
         )  # fmt: skip
     return out
@@ -561,6 +563,7 @@ def loss_arguments(config: ml_collections.ConfigDict) -> tuple[dict, dict[str, n
         contrastive_weight=loss.get("contrastive_weight", 0.0),
         contrastive_temperature=loss.get("contrastive_temperature", 0.05),
         contrastive_judge=loss.get("contrastive_judge", "none"),
+        query_align_weight=loss.get("query_align_weight", 0.0),
     )
     return static, {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
 

@@ -602,3 +602,47 @@ def test_contrastive_term_wiring_judge_and_eval_step():
     with pytest.raises(ValueError, match="contrastive_judge"):
         step.loss_fn(params, batch, graphdef=graphdef, contrastive_weight=0.5,
                      contrastive_judge="llm", **options)  # fmt: skip
+
+
+def test_query_align_term_is_the_mean_distance_of_question_vectors_to_the_teacher():
+    """loss_fn with query_align_weight adds the weight times the mean ||s(q) - t(q)|| over the
+    rows that have a question (and weight); eval_step sums it over the same rows; the gradient
+    moves the student's question vectors toward the teacher's."""
+    graphdef, params = make_model(0)
+    teacher = make_model(1)
+    batch = with_queries(neighbour_batch(2, teacher), teacher)
+    batch["weight"] = batch["weight"].copy()
+    batch["weight"][-1] = 0.0
+    batch["has_q"] = batch["has_q"].copy()
+    batch["has_q"][0] = False
+    options = dict(lam=2.0, margin=0.05, reduction="batch", perturb_weight=0.0,
+                   objective="neighbour")  # fmt: skip
+    base, _ = step.loss_fn(params, batch, graphdef=graphdef, **options)
+    s_q = np.asarray(nnx.merge(graphdef, params)(batch["query_input_ids"],
+                                                 batch["query_attention_mask"]))  # fmt: skip
+    rows = (batch["weight"] > 0) & batch["has_q"]
+    distances = np.linalg.norm(s_q - np.asarray(batch["teacher_q"], np.float32), axis=1)
+    want = float(distances[rows].mean())
+    assert 1 < rows.sum() < len(rows)
+    loss, parts = step.loss_fn(params, batch, graphdef=graphdef, query_align_weight=0.5, **options)
+    np.testing.assert_allclose(parts["query_align"], want, rtol=1e-5)
+    np.testing.assert_allclose(loss, base + 0.5 * want, rtol=1e-5)
+    sums = jax.device_get(step.eval_step(params, batch, graphdef=graphdef,
+                                         query_align_weight=0.5, **options))  # fmt: skip
+    np.testing.assert_allclose(sums["query_align"] / sums["query_rows"], want, rtol=1e-5)
+    np.testing.assert_allclose(
+        losses.loss_from_parts({"align_x": 0.0, "align_px": 0.0, "num": 0.0, "query_align": want},
+                               reduction="batch", lam=2.0, query_align_weight=0.5),
+        0.5 * want, rtol=1e-6)  # fmt: skip
+
+    def question_distance(p):
+        out = step.loss_fn(p, batch, graphdef=graphdef, query_align_weight=1.0, **options)
+        return out[1]["query_align"]
+
+    grads = jax.grad(lambda p: step.loss_fn(p, batch, graphdef=graphdef,
+                                            query_align_weight=1.0, **options)[0])(params)  # fmt: skip
+    moved = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+    assert float(question_distance(moved)) < float(question_distance(params))
+    plain = {k: v for k, v in batch.items() if not k.startswith(("query_", "teacher_q", "has_q"))}
+    with pytest.raises(ValueError, match="query_align_weight > 0 needs training queries"):
+        step.loss_fn(params, plain, graphdef=graphdef, query_align_weight=0.5, **options)
