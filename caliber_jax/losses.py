@@ -291,7 +291,7 @@ def calibration_loss(
 def loss_from_parts(
     parts: Mapping[str, float], *, reduction: str, lam: float, perturb_weight: float = 1.0,
     structure_weight: float = 0.0, query_weight: float = 0.0, contrastive_weight: float = 0.0,
-    pert_frac: float = 1.0, term_frac: float = 1.0,
+    query_align_weight: float = 0.0, pert_frac: float = 1.0, term_frac: float = 1.0,
 ) -> float:  # fmt: skip
     """The trained loss from its parts, each the mean over its own rows (`calibration_loss`'s
     parts, "query" and "contrastive" of `step.loss_fn`): what the loss of one batch holding every
@@ -309,6 +309,7 @@ def loss_from_parts(
         + structure_weight * parts.get("structure", 0.0)
         + query_weight * parts.get("query", 0.0)
         + contrastive_weight * parts.get("contrastive", 0.0)
+        + query_align_weight * parts.get("query_align", 0.0)
     )  # fmt: skip
 
 

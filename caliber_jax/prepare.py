@@ -65,6 +65,7 @@ def prepare(
     category_weights: Mapping[str, float] | None = None,
     queries_only: bool = False,
     mined_dev: int = 0,
+    query_style: str = "plain",
 ) -> dict[str, Any]:
     """Cuts `input_path` into passages, perturbs them, optionally builds NumGap; returns stats.
 
@@ -158,7 +159,8 @@ def prepare(
     heldout_passages = [p for p in passages if p["doc_name"] in heldout]
     asked: dict[str, str] = {}  # queries_only: the training questions, asked once
     if queries_only:
-        asked = {p["id"]: q for p, q in zip(train, make_queries(train), strict=True) if q}
+        questions = make_queries(train, style=query_style)
+        asked = {p["id"]: q for p, q in zip(train, questions, strict=True) if q}
         train = [p for p in train if p["id"] in asked]
     train = sample(train, max_train_passages, seed=seed)
     # The cap is validation's alone: NumGap draws from every held-out passage (below).
@@ -195,12 +197,15 @@ def prepare(
     if queries:
         # A training question per passage (the query-geometry term, issue #37), from the offline
         # generator of the mining pipeline: the passage's own numeric facts, no FinanceBench.
-        questions = [asked[p["id"]] for p in train] if queries_only else make_queries(train)
+        questions = ([asked[p["id"]] for p in train] if queries_only
+                     else make_queries(train, style=query_style))  # fmt: skip
         train = [{**p, "query": q} for p, q in zip(train, questions, strict=True)]
-        val = [{**p, "query": q} for p, q in zip(val, make_queries(val), strict=True)]
+        val_questions = make_queries(val, style=query_style)
+        val = [{**p, "query": q} for p, q in zip(val, val_questions, strict=True)]
     corpus.save_jsonl(output_dir / "train.jsonl", train)
     if mined_dev:
-        dev_records = mined_dev_records(heldout_passages, cap=mined_dev, seed=seed)
+        dev_records = mined_dev_records(heldout_passages, cap=mined_dev, seed=seed,
+                                        style=query_style)  # fmt: skip
         corpus.save_jsonl(output_dir / "mined_dev.jsonl", dev_records)
     if val:
         corpus.save_jsonl(output_dir / "val.jsonl", val)
@@ -324,23 +329,24 @@ def rebalance_rules(
     return out
 
 
-def make_queries(passages: Sequence[dict[str, Any]]) -> list[str | None]:
-    """A question per passage from `querygen.OfflineQueryGenerator` (a line item and period it
-    states, not the amount), or None when the passage states no numeric fact it can parse."""
+def make_queries(passages: Sequence[dict[str, Any]], *, style: str) -> list[str | None]:
+    """A question per passage from `querygen.OfflineQueryGenerator` in `style` (a line item and
+    period it states, not the amount; "filing" also names the filing's company and fiscal
+    period), or None when the passage states no numeric fact it can parse."""
     from caliber_jax.mining import querygen
 
-    generated = querygen.OfflineQueryGenerator().generate(passages)
+    generated = querygen.OfflineQueryGenerator(style).generate(passages)
     return [query for query, _ in generated]
 
 
 def mined_dev_records(
-    passages: Sequence[dict[str, Any]], *, cap: int, seed: int
+    passages: Sequence[dict[str, Any]], *, cap: int, seed: int, style: str
 ) -> list[dict[str, Any]]:
     """Up to `cap` (question, passage) pairs of `passages` (`make_queries`) as FinanceBench
     records: "financebench_id" "mined:<passage id>", "question", "evidence" [{"evidence_text"}],
     "doc_name". A question generated for more than one passage is left out (it would have several
     right answers and one graded); a seeded sample in corpus order."""
-    asked = make_queries(passages)
+    asked = make_queries(passages, style=style)
     counts = collections.Counter(q for q in asked if q)
     pairs = [
         {"financebench_id": f"mined:{p['id']}", "question": q,
@@ -433,6 +439,7 @@ def prepare_from_config(config) -> dict[str, Any]:
         category_weights=dict(options.get("category_weights", {})),
         queries_only=options.get("queries_only", False),
         mined_dev=options.get("mined_dev", 0),
+        query_style=options.get("query_style", "plain"),
     )
 
 

@@ -43,6 +43,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # pairs in FinanceBench's format (the retrieval dev set; 0 = none).
     config.prepare.queries_only = False
     config.prepare.mined_dev = 0
+    # The offline questions' form: "plain" (the line item and the period the text states) or
+    # "filing" (also the filing's company and fiscal period, as a reader of filings asks).
+    config.prepare.query_style = "plain"
     # Redraw the training perturbations so each rule of a category is about equally common.
     config.prepare.balance_rules = False
     # Where direction words may be swapped: "paper" (Appendix D.3, within 50 characters of any
@@ -204,6 +207,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss.contrastive_weight = 0.0
     config.loss.contrastive_temperature = 0.05
     config.loss.contrastive_judge = "none"
+    # Weight of ||s(q) - t(q)|| for each row's training question (prepare.queries): LEAF's
+    # alignment applied to the questions as well as the passages (0 = off).
+    config.loss.query_align_weight = 0.0
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1

@@ -59,6 +59,9 @@ Variant `scales`: every scale swap in both directions (`prepare.scale_swaps = "a
 paper's set swaps million -> billion or thousand, billion -> million, thousand -> million), data
 in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,c1,scales` as a
 candidate (the one the full-size dev choice chose).
+Variant `filing`: the offline questions name the filing's company and fiscal period
+(`prepare.query_style = "filing"`), data in `<data dir>_filing`. Variant `qalign`: the student's
+question vectors aligned to the teacher's (`loss.query_align_weight` 1).
 Variant `c<weight>` (with `mined` or `minednum`): the contrastive term's weight, e.g. `c0.1`; the
 dev choice's candidates are written so (`scripts/study_headline.py:MINED_PILOTS`), and
 `--preset headline-chosen` trains the chosen one's seeds by its variant string.
@@ -83,7 +86,7 @@ MINED_CONTRASTIVE_WEIGHT = 1.0
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
     known = {"verify", "query", "distill", "quantity", "late", "late800", "mined", "minednum",
-             "scales"}  # fmt: skip
+             "scales", "filing", "qalign"}  # fmt: skip
     weights = {v for v in variants if v.startswith("c") and _is_number(v[1:])}
     if weights and not variants & {"mined", "minednum"}:
         raise ValueError(
@@ -201,6 +204,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # "million" replaced and not "billion" replaced. Its own data folder.
         config.prepare.scale_swaps = "all"
         config.data.dir += "_scales"
+    if "filing" in variants:
+        # The offline questions name the filing's company and fiscal period ("What was 3M's
+        # net sales in FY2019?"), as a reader of filings asks them, in training and mined dev.
+        config.prepare.query_style = "filing"
+        config.data.dir += "_filing"
+    if "qalign" in variants:
+        # LEAF's alignment on the questions too: ||s(q) - t(q)|| at weight 1, the passages'.
+        config.loss.query_align_weight = 1.0
     return config
 
 

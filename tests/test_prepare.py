@@ -242,7 +242,7 @@ def test_prepare_writes_training_queries(tmp_path):
     rows = [*corpus.load_jsonl(tmp_path / "out" / "train.jsonl"),
             *corpus.load_jsonl(tmp_path / "out" / "val.jsonl")]  # fmt: skip
     assert rows and all("query" in row for row in rows)
-    assert [row["query"] for row in rows] == prepare_lib.make_queries(rows)
+    assert [row["query"] for row in rows] == prepare_lib.make_queries(rows, style="plain")
     assert any(row["query"] for row in rows) and any(row["query"] is None for row in rows)
 
 

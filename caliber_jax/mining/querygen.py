@@ -10,6 +10,7 @@ periods and line items a chunk states) and `OpenAIQueryGenerator` (any OpenAI-co
 import collections
 import random
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -104,8 +105,85 @@ def fact_score(fact: Mapping[str, Any]) -> float:
     return (1.0 if fact["period"] else 0.0) - 0.25 * abs(words - 3)
 
 
+_YEAR_RE = re.compile(_YEAR)
+_QUARTER_RE = re.compile(r"\b(first|second|third|fourth) quarter\b")
+QUERY_STYLES = ("plain", "filing")
+
+
+def fiscal_period(fact_period: str | None, filing_year: Any) -> str | None:
+    """The period as a reader of filings names it: "FY2019" from the fact's own year (else the
+    filing's `doc_period`), "Q3 FY2019" for a quarter; None when neither gives a year."""
+    match = _YEAR_RE.search(fact_period or "")
+    year = match.group(0) if match else None
+    if year is None and filing_year not in (None, ""):
+        year = str(filing_year)
+    if year is None or not _YEAR_RE.fullmatch(year):
+        return None
+    quarter = _QUARTER_RE.search(fact_period or "")
+    if quarter:
+        number = ("first", "second", "third", "fourth").index(quarter.group(1)) + 1
+        return f"Q{number} FY{year}"
+    return f"FY{year}"
+
+
+# Question forms of a reader of filings (FinanceBench's own are "What is the FY2018 capital
+# expenditure amount (in USD millions) for 3M?"): {company}, {period}, {item}, {form}; chosen per
+# question by a hash of its fields, so a corpus gets every form and a rerun the same questions.
+FILING_FORMS = {
+    "amount": (
+        "What was {company}'s {item} in {period}?",
+        "What is the {period} {item} for {company}?",
+        "According to its {period} {form}, what was {company}'s {item}?",
+        "How much was {item} for {company} in {period}?",
+    ),
+    "change": (
+        "How much did {company}'s {item} change in {period}?",
+        "By how much did {item} change for {company} in {period}?",
+        "What drove the change in {company}'s {item} in {period}?",
+        "Did {company}'s {item} increase or decrease in {period}, and by how much?",
+    ),
+    "percent": (
+        "What percentage was {company}'s {item} in {period}?",
+        "What is the {period} {item} (as a percentage) for {company}?",
+        "According to its {period} {form}, what share was {company}'s {item}?",
+    ),
+}
+
+
+def filing_question(fact: Mapping[str, Any], chunk: Mapping[str, Any]) -> str:
+    """`fact_question` as a reader of filings asks it: naming the company and fiscal period of
+    the filing the chunk comes from (its `company`, `doc_period`, `doc_type` fields; a chunk
+    without a company gets the plain question)."""
+    company = str(chunk.get("company") or "").strip()
+    period = fiscal_period(fact["period"], chunk.get("doc_period"))
+    if not company or period is None:
+        return fact_question(fact)
+    if fact["verb"] in _CHANGE_VERBS:
+        kind = "change"
+    elif fact["amount"].rstrip().endswith(("%", "percent")):
+        kind = "percent"
+    else:
+        kind = "amount"
+    forms = FILING_FORMS[kind]
+    key = "|".join((company, period, fact["item"], fact["verb"], fact["amount"]))
+    form = forms[zlib.crc32(key.encode("utf-8")) % len(forms)]
+    doc_type = str(chunk.get("doc_type") or "").strip().lower()
+    filing_form = {"10k": "10-K", "10q": "10-Q", "8k": "8-K"}.get(doc_type, "annual report")
+    return form.format(company=company, period=period, item=fact["item"], form=filing_form)
+
+
 class OfflineQueryGenerator:
-    """Questions built from a chunk's numeric facts; needs no model (demo and tests)."""
+    """Questions built from a chunk's numeric facts; needs no model (demo and tests).
+
+    `style` "plain" asks about the line item and the period the text states ("What was the
+    amount of net sales in 2019?"); "filing" names the filing's company and fiscal period as a
+    reader of filings does (`filing_question`).
+    """
+
+    def __init__(self, style: str = "plain"):
+        if style not in QUERY_STYLES:
+            raise ValueError(f"query style must be one of {QUERY_STYLES}, got {style!r}")
+        self.style = style
 
     def generate(self, chunks: Sequence[Mapping[str, Any]]) -> list[Scored]:
         out: list[Scored] = []
@@ -115,7 +193,8 @@ class OfflineQueryGenerator:
                 out.append((None, None))
                 continue
             best = max(facts, key=fact_score)  # ties: the first stated
-            out.append((fact_question(best), fact_score(best)))
+            question = filing_question(best, chunk) if self.style == "filing" else None
+            out.append((question or fact_question(best), fact_score(best)))
         return out
 
 
