@@ -166,37 +166,17 @@ def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath
     )
 
 
-def corpus_lengths(
-    source: pipeline.TrainSource | pipeline.PassageTexts,
-    tokenize_fn,
-    *,
-    max_length: int,
-    cache=None,
-):
-    """Token lengths of every x and pi(x) ([N], [N]) of `source` (its `len` and `read_texts`):
-    each process tokenizes only its 1/P share of the rows, then all processes gather the rest.
-    `cache` (`length_cache.cache_path`): read from there when it holds them, else written there
-    (by process 0) once computed."""
-    if cache is not None and (kept := length_cache.load(cache, len(source))) is not None:
-        return kept
-    count, index, rows = jax.process_count(), jax.process_index(), len(source)
-    share = -(-rows // count)
-    start, stop = min(index * share, rows), min((index + 1) * share, rows)
-    mine = np.zeros((2, share), np.int32)
-    if stop > start:
-        texts, perturbed = source.read_texts(range(start, stop))
-        mine[0, : stop - start] = pipeline.token_lengths(tokenize_fn, texts, max_length)
-        mine[1, : stop - start] = pipeline.token_lengths(tokenize_fn, perturbed, max_length)
-    if count > 1:
-        mine = multihost_utils.process_allgather(mine)  # [P, 2, share]
-        mine = np.transpose(mine, (1, 0, 2)).reshape(2, count * share)
-    lengths, pert_lengths = mine[0, :rows].astype(np.int64), mine[1, :rows].astype(np.int64)
-    if cache is not None and index == 0:
-        try:
-            length_cache.save(cache, lengths, pert_lengths)
-        except OSError as error:  # a read-only data dir: tokenize again next launch
-            logging.warning("token lengths not kept at %s: %s", cache, error)
-    return lengths, pert_lengths
+def corpus_lengths(source, tokenize_fn, *, max_length: int, cache=None):
+    """`length_cache.corpus_lengths` over this run's processes."""
+    processes = length_cache.Processes(
+        index=jax.process_index(),
+        count=jax.process_count(),
+        gather=multihost_utils.process_allgather,
+        first=multihost_utils.broadcast_one_to_all,
+    )
+    return length_cache.corpus_lengths(
+        source, tokenize_fn, max_length=max_length, cache=cache, processes=processes
+    )
 
 
 def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: str):

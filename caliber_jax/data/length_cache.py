@@ -9,14 +9,19 @@ file's bytes, the tokenizer's files and max_length. A changed corpus, tokenizer 
 gets a new file; a file that does not match its split's row count is ignored.
 """
 
+import dataclasses
 import hashlib
 import io
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from absl import logging
 from etils import epath
 
 from caliber_jax import hub, paths
+from caliber_jax.data import pipeline
 
 DIR = "token_lengths"
 # The files that can define a tokenizer directory's output (`tokenization.load_tokenizer`).
@@ -82,3 +87,66 @@ def save(path: epath.Path, lengths: np.ndarray, pert_lengths: np.ndarray) -> Non
     tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
     tmp.write_bytes(buffer.getvalue())
     tmp.rename(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """The run's processes as `corpus_lengths` meets them (one process when left as is).
+
+    Attributes:
+      index: this process's index.
+      count: the number of processes.
+      gather: x -> [count, *x.shape], every process's x (all processes call it).
+      first: a tree of arrays -> process 0's tree, on every process (all processes call it).
+    """
+
+    index: int = 0
+    count: int = 1
+    gather: Callable[[np.ndarray], np.ndarray] | None = None
+    first: Callable[[Any], Any] | None = None
+
+
+def corpus_lengths(
+    source,
+    tokenize_fn: Callable[[list[str], int], list[list[int]]],
+    *,
+    max_length: int,
+    cache: epath.Path | None = None,
+    processes: Processes = Processes(),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token lengths of every x and pi(x) ([N], [N] int64) of `source` (its `len` and
+    `read_texts`): each process tokenizes only its 1/P share of the rows, then all processes
+    gather the rest. `cache` (`cache_path`): read from there when
+    it holds them, else written there (by process 0) once computed.
+
+    Whether the cache holds them is decided once, by process 0, which hands the lengths to the
+    others: a process that looked for itself (its own copy of the data, a file another job writes
+    meanwhile) could skip the gather the others wait in.
+    """
+    rows = len(source)
+    kept = load(cache, rows) if cache is not None and processes.index == 0 else None
+    if cache is not None and processes.count > 1:
+        # One collective: process 0's verdict and, when it found them, its lengths.
+        both = np.zeros((2, rows), np.int32) if kept is None else np.stack(kept).astype(np.int32)
+        found, both = processes.first((np.int32(kept is not None), both))
+        kept = (both[0].astype(np.int64), both[1].astype(np.int64)) if int(found) else None
+    if kept is not None:
+        return kept
+    count, index = processes.count, processes.index
+    share = -(-rows // count)
+    start, stop = min(index * share, rows), min((index + 1) * share, rows)
+    mine = np.zeros((2, share), np.int32)
+    if stop > start:
+        texts, perturbed = source.read_texts(range(start, stop))
+        mine[0, : stop - start] = pipeline.token_lengths(tokenize_fn, texts, max_length)
+        mine[1, : stop - start] = pipeline.token_lengths(tokenize_fn, perturbed, max_length)
+    if count > 1:
+        mine = processes.gather(mine)  # [P, 2, share]
+        mine = np.transpose(mine, (1, 0, 2)).reshape(2, count * share)
+    lengths, pert_lengths = mine[0, :rows].astype(np.int64), mine[1, :rows].astype(np.int64)
+    if cache is not None and index == 0:
+        try:
+            save(cache, lengths, pert_lengths)
+        except OSError as error:  # a read-only data dir: tokenize again next launch
+            logging.warning("token lengths not kept at %s: %s", cache, error)
+    return lengths, pert_lengths

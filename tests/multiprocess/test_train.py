@@ -201,3 +201,32 @@ def test_sigterm_to_one_process_checkpoints_everywhere_and_exits_75(data_dir, tm
     assert steps and 3 <= max(steps) < 400, steps
     logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert max(logged) == max(steps)  # process 0 stopped at the agreed step
+
+
+def test_token_lengths_kept_where_only_process_0_sees_them(data_dir, tmp_path):
+    """Per-host copies of the data: process 0's copy holds the token lengths `prepare` kept,
+    process 1's does not. Process 0 decides for both and hands them its lengths; a process 1
+    that looked for itself tokenized and waited in a gather process 0 never entered (the
+    watchdog's stall, requeued to hang again)."""
+    from caliber_jax import train as train_lib
+    from configs import demo
+
+    copies = [tmp_path / "copy0", tmp_path / "copy1"]
+    for copy in copies:
+        copy.mkdir()
+        for entry in Path(data_dir).iterdir():
+            if entry.name != "token_lengths":
+                (copy / entry.name).symlink_to(entry)
+    config = demo.get_config()
+    config.data.dir, config.data.max_length = str(copies[0]), 48
+    assert train_lib.keep_token_lengths(config) == ["train", "val"]
+    kept = sorted((copies[0] / "token_lengths").iterdir())
+    workdir = tmp_path / "run"
+    command = train_command("unused", workdir, "--config.watchdog_factor=1",
+                            "--config.watchdog_min_s=150")  # fmt: skip
+    per_process = f'exec "$@" --config.data.dir={tmp_path}/copy$JAX_PROCESS_ID'
+    run = launch(2, "bash", "-c", per_process, "bash", *command, log=tmp_path / "run.log")
+    run.check()
+    assert not (copies[1] / "token_lengths").exists()  # process 1 neither tokenized nor wrote
+    assert sorted((copies[0] / "token_lengths").iterdir()) == kept
+    assert json.loads((workdir / "summary.json").read_text())["step"] == 6
