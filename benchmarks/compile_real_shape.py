@@ -1,4 +1,4 @@
-"""Compile and step cost of the real train step at the Qwen3-Embedding-0.6B shape (issue #35).
+"""Compile and step cost of the real train step at the Qwen3-Embedding-0.6B shape.
 
     python benchmarks/compile_real_shape.py     # every part -> runs/compile_real_shape.json
     python benchmarks/compile_real_shape.py --parts compile-scan-full,step-scan-full

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU train benchmark on the host CPU of a GPU machine (issue #13 asks for the ratio
+# The CPU train benchmark on the host CPU of a GPU machine (the ratio is asked for
 # on AVX-512 machines too; the device hosts are other x86 CPUs), pinned to 2 cores like the
 # development machines, JAX and PyTorch both on the CPU.
 #

@@ -2,7 +2,7 @@
 
     python benchmarks/encode_throughput.py --preset cpu-minilm           # this CPU box
     python benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode  # one H100 / H200
-    python benchmarks/encode_throughput.py --preset cpu-mpnet            # the #15 study's teacher
+    python benchmarks/encode_throughput.py --preset cpu-mpnet            # the MPNet study's teacher
     python benchmarks/encode_throughput.py --preset cpu-mpnet --model-dir DIR   # any local HF dir
     python benchmarks/encode_throughput.py --preset cpu-mpnet --model-dir DIR --dtype bfloat16 \
         --float32-baseline          # bfloat16 against float32 in each framework, in one run
@@ -53,7 +53,7 @@ PRESETS = {
         "passages": 256,
         "repeats": 2,
     },
-    # all-mpnet-base-v2 (scripts/fetch_mpnet.py) at the #15 study's teacher settings
+    # all-mpnet-base-v2 (scripts/fetch_mpnet.py) at the MPNet study's teacher settings
     # (configs/study_mpnet.py: float32, batch 32, the 128-token data); real weights both sides.
     "cpu-mpnet": {
         "model": "dir",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #55's GPU figures on one NVIDIA H100 / H200, in two device calls that fit 15 minutes of
+# The GPU figures of BENCHMARKS.md's goals on one NVIDIA H100 / H200, in two device calls that fit 15 minutes of
 # device time: one whole epoch of `caliber_jax.train --config configs/caliber.py` launch to exit;
 # the packed student step at the paper's batch and at >= 16K real tokens per step, beside PyTorch
 # eager and torch.compile'd on the same passages; the 8B teacher over 10,240 real passages in

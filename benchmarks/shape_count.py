@@ -1,7 +1,7 @@
 """Step programs one epoch compiles, and the padding each batch layout pays, on real passages.
 
     python -m caliber_jax.prepare --config configs/caliber.py \
-        --config.prepare.input=../shared/data/financebench/filings.jsonl.gz --config.data.dir=DIR
+        --config.prepare.input=data/financebench/filings.jsonl.gz --config.data.dir=DIR
     python benchmarks/shape_count.py --data-dir DIR [--out runs/shape_count.json]
 
 Reads `DIR/train.jsonl` as `caliber_jax.train` does, takes every x and pi(x) token length with the

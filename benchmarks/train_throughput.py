@@ -107,7 +107,7 @@ PRESETS = {
 PAPER_PASSAGES = 606_000
 PAPER_EPOCH_SECONDS = 6946.0
 OPTIM_FIELDS = ("lr", "weight_decay", "warmup_frac", "b1", "b2", "eps", "clip_norm")
-# torch.compile modes the PyTorch baseline may run (issue #55: the strongest baseline).
+# torch.compile modes the PyTorch baseline may run (the strongest baseline).
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
 

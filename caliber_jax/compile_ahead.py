@@ -30,16 +30,11 @@ def shape_key(batch: dict[str, Any]) -> ShapeKey:
 
 
 class StepPrograms:
-    """`programs(*args)` runs `jitted(*args)` through an executable compiled for its batch shape.
+    """`programs(state, batch, *rest)` runs `jitted(state, batch, *rest)` through an executable
+    compiled for its batch's shape (`shape_key`); `jitted` is the `jax.jit` step function."""
 
-    Args:
-      jitted: the `jax.jit` step function.
-      batch_arg: position of the batch among the call's arguments (its shape picks the program).
-    """
-
-    def __init__(self, jitted: Callable, *, batch_arg: int = 1):
+    def __init__(self, jitted: Callable):
         self._jitted = jitted
-        self._batch_arg = batch_arg
         self._programs: dict[ShapeKey, futures.Future] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,7 +45,7 @@ class StepPrograms:
         self.build_seconds: list[float] = []
 
     def __call__(self, *args):
-        key = shape_key(args[self._batch_arg])
+        key = shape_key(args[1])
         future, mine = self._claim(key)
         if mine:
             self._build(future, args)
@@ -93,7 +88,7 @@ class StepPrograms:
                             continue
                         seen.add(kind)
                         args = make_args(item)
-                        future, mine = self._claim(shape_key(args[self._batch_arg]))
+                        future, mine = self._claim(shape_key(args[1]))
                         if mine:
                             pool.submit(build, future, args)
                         if len(seen) == 1:

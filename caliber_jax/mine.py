@@ -620,7 +620,7 @@ def run(
         results.append(result)
     if results:
         corpus.save_json(Path(workdir) / "results.json", results)
-        # Which code, config, filings and machine produced these results (issue #39).
+        # Which code, config, filings and machine produced these results.
         corpus.save_json(Path(workdir) / "provenance.json", mine_final.run_provenance(config))
         text = format_markdown(results)
         if config.final_eval.enabled and len(results) == iterations:

@@ -124,7 +124,7 @@ def make_final_judge(run, queries: list[dict[str, Any]]) -> judge_lib.Judge:
 
 
 def run_provenance(config) -> dict[str, Any]:
-    """`provenance.stamp` of a mining run: its resolved config and its filings (issue #39)."""
+    """`provenance.stamp` of a mining run: its resolved config and its filings."""
     return provenance.stamp(
         config=provenance.config_hash(config), data=provenance.data_hash([config.data.filings])
     )

@@ -39,10 +39,6 @@ def _pad_to(x_bt: jax.Array, length: int) -> jax.Array:
     return jnp.pad(x_bt, ((0, 0), (0, length - x_bt.shape[1])))
 
 
-# The pi(x) layouts `embed_pairs` reads (see `pipeline.make_loader`, `pert_rows_multiple`).
-BATCH_LAYOUTS = ("stacked", "compact", "packed")
-
-
 def embed_pairs(
     graphdef: nnx.GraphDef, params: Any, batch: dict[str, jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
@@ -273,42 +269,18 @@ def _apply_gradients(
     """One optimizer step on `bound_loss_fn(params, batch) -> (loss, parts)`.
 
     Returns the new state and `train/*` metrics (scalars): the parts, loss, grad and param norms
-    and the learning rate. The composition of `_gradients` and `apply_update`, in one program.
+    and the learning rate.
     """
-    grads, metrics = _gradients(state.params, batch, bound_loss_fn)
-    return apply_update(state, grads, metrics, optimizer=optimizer, schedule=schedule)
-
-
-def _gradients(
-    params: Any,
-    batch: dict[str, jax.Array],
-    bound_loss_fn: Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]],
-) -> tuple[Any, dict[str, jax.Array]]:
-    """Gradients of `bound_loss_fn` at `params` and the batch's `train/*` metrics."""
-    (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(params, batch)
-    return grads, {**_train_metrics(loss, parts), "train/grad_norm": optax.tree.norm(grads)}
-
-
-def _train_metrics(loss: jax.Array, parts: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """The loss and its parts as `train/*` metrics."""
-    return {**{f"train/{k}": v for k, v in parts.items()}, "train/loss": loss}
-
-
-def apply_update(
-    state: TrainState,
-    grads: Any,
-    metrics: dict[str, jax.Array],
-    *,
-    optimizer: optax.GradientTransformation,
-    schedule: Callable[[jax.Array], jax.Array],
-) -> tuple[TrainState, dict[str, jax.Array]]:
-    """The optimizer update of `state` by `grads`; adds the param norm and learning rate to the
-    gradient step's `metrics`."""
+    (loss, parts), grads = jax.value_and_grad(bound_loss_fn, has_aux=True)(state.params, batch)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics)
-    metrics["train/param_norm"] = optax.tree.norm(params)
-    metrics["train/lr"] = schedule(state.step)
+    metrics = {
+        **{f"train/{k}": v for k, v in parts.items()},
+        "train/loss": loss,
+        "train/grad_norm": optax.tree.norm(grads),
+        "train/param_norm": optax.tree.norm(params),
+        "train/lr": schedule(state.step),
+    }
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

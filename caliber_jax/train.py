@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from caliber_jax import (
     checkpoint,
     cli,
+    compile_ahead,
     host,
     losses,
     metrics_log,
@@ -146,10 +147,10 @@ def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, len
         # Packed rows split evenly over this process's devices.
         pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
         pack_rungs=config.data.pack_rungs,
-        pack_first_steps=config.data.get("pack_first_steps", 0) if train else 0,
+        pack_first_steps=config.data.pack_first_steps if train else 0,
         process_rows=process_rows,
         lengths=lengths,
-        query_length=config.data.get("query_length", 32),
+        query_length=config.data.query_length,
     )
 
 
@@ -700,8 +701,9 @@ def _train(
         max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every,
         keep_period=config.keep_period,
-        # The step goes on while a background thread writes the files (see `checkpoint.save`).
-        asynchronous=config.get("checkpoint_async", True),
+        # Saves return once the state is copied to host memory; the step goes on while a
+        # background thread writes the files (see `checkpoint.save`).
+        asynchronous=True,
     )
     # Resume order: this workdir's latest checkpoint, else config.model.init_dir (HF weights).
     latest = manager.latest_step()
@@ -739,7 +741,7 @@ def _train(
 
         # tensorboardX writes gs:// and s3:// logdirs itself.
         writer = (
-            MetricsWriter(workdir, tensorboard=config.get("tensorboard", True), start=start)
+            MetricsWriter(workdir, tensorboard=config.tensorboard, start=start)
             if jax.process_index() == 0
             else None
         )
@@ -775,7 +777,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
             batch = next(data_iter)
-            shape = tuple((key, value.shape) for key, value in sorted(batch.items()))
+            shape = compile_ahead.shape_key(batch)
             if shape not in shapes:  # its program compiles now, or compile-ahead's may still be
                 stall.enter("compile")
             shapes.add(shape)
@@ -891,19 +893,10 @@ def compile_summary(
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
-    """Non-pad tokens of x and of the existing pi(x) in this host's batch."""
-    real = batch["weight"] > 0
-    if "packed_slots" in batch:  # slot g: x row g, B + g: its pi(x), 2B: padding
-        size = len(real)  # this host's rows; slots hold global positions
-        slots = batch["packed_slots"]
-        return int(np.sum(slots < 2 * size * jax.process_count()))
-    if "pert_index" in batch:  # compact layout: pi(x) rows of perturbed x rows only
-        # The pipeline lists this host's perturbed rows first, in row order, then padding rows.
-        pert_rows = np.flatnonzero(batch["has_pert"])
-        kept = batch["pert_attention_mask"][: len(pert_rows)][real[pert_rows]]
-        return int(batch["attention_mask"][real].sum() + kept.sum())
-    pert = real & batch["has_pert"]
-    return int(batch["attention_mask"][real].sum() + batch["pert_attention_mask"][pert].sum())
+    """Non-pad tokens of x and of the existing pi(x) in this host's packed batch: slot g holds x
+    row g, B + g its pi(x), 2B padding (slots hold global positions, B the global batch)."""
+    global_rows = len(batch["weight"]) * jax.process_count()
+    return int(np.sum(batch["packed_slots"] < 2 * global_rows))
 
 
 class MetricsWriter:

@@ -71,7 +71,7 @@ def choose(
     reasons.append(("compile_ahead", f"compile_ahead={compile_ahead}"))
     reasons.append(("scan_layers", f"scan_layers={scan_layers}"))
     # On the CPU runtime, many issued programs with all-reduces over several devices in flight
-    # deadlocked (issue #34: 2 processes x 2 devices, and 1 process x 4 devices);
+    # deadlocked (2 processes x 2 devices, and 1 process x 4 devices);
     # accelerators order them on their streams.
     devices = process_count * local_devices
     in_order = platform == "cpu" and devices > 1

@@ -234,7 +234,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.keep_checkpoints = 3
     # Also keep every checkpoint whose step is a multiple of this (0: only the latest ones).
     config.keep_period = 0
-    # Saves return once the state is copied to host memory; a background thread writes the files
-    # (checkpoint.save). False: save() returns with the step written.
-    config.checkpoint_async = True
     return config

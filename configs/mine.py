@@ -217,7 +217,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.final_eval.batch_pairs = 2
         config.final_eval.min_pairs = 4
         if arg.startswith("smollm2_2h"):
-            # About two hours on two quiet cores (issue #38): twice the filings and chunks,
+            # About two hours on two quiet cores: twice the filings and chunks,
             # three queries per filing over two filings each, 40 steps, a larger final sample.
             config.data.max_docs = 16
             config.data.max_chunks_per_doc = 60

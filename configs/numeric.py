@@ -1,6 +1,6 @@
-"""Numeric calibration on the study data: all-MiniLM-L6-v2 calibrating itself (issue #16).
+"""Numeric calibration on the study data: all-MiniLM-L6-v2 calibrating itself.
 
-    python scripts/study.py --preset numeric --filings ../shared/data/financebench/filings.jsonl.gz
+    python scripts/study.py --preset numeric --filings data/financebench/filings.jsonl.gz
     python scripts/sweep.py --output runs/sweep          # the objective x lambda x margin sweep
 
 The `configs/calibrate.py` recipe on 3,200 passages of the FinanceBench filings that are not

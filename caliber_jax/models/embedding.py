@@ -106,7 +106,7 @@ class EmbeddingModel(nnx.Module):
         """`embed_packed` before the head: [S, D] pooled encoder states, zeros for absent ids.
 
         A sequence lies within one row, so the pooled states of a batch's rows are the sum of
-        those of any split of its rows into groups (`step.embed_chunk` relies on this).
+        those of any split of its rows into groups.
         """
         real_bt = (segment_ids_bt >= 0) & (segment_ids_bt < num_segments)
         hidden_btd = self.encoder(

@@ -34,7 +34,7 @@ def broadcast_param(param: jax.Array, shape: tuple[int, ...], dtype) -> jax.Arra
     """A float32 parameter broadcast to `shape`, then rounded to `dtype`: the values of
     `param.astype(dtype)` broadcast, but its gradient is summed over the broadcast axes in
     float32. Rounded first, that sum runs in the compute dtype, and a bfloat16 sum over a batch's
-    tokens loses most of it (issue #55's review: a bias's gradient 6% off over 3,000 rows)."""
+    tokens loses most of it (a review of the GPU step: a bias's gradient 6% off over 3,000 rows)."""
     return jnp.broadcast_to(param, shape).astype(dtype)
 
 
@@ -64,7 +64,7 @@ class Linear(nnx.Linear):
     adds it to the float32 accumulator, than rounding the bias first): its promote_dtype
     (`_promote_operands`, `_promote_input`) leaves the bias float32, so the bias's gradient is
     summed over the rows in float32 (in bfloat16 a sum over a batch's tokens loses most of it:
-    issue #55's review, 6% off over 3,000 rows). The same parameters, and in float32 the same
+    a review of the GPU step, 6% off over 3,000 rows). The same parameters, and in float32 the same
     computation."""
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
