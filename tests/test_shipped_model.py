@@ -1,4 +1,4 @@
-"""The student shipped in models/ (issue #57): it loads from a fresh clone with no training, with
+"""The student shipped in models/: it loads from a fresh clone with no training, with
 both loaders a user has, and gives the vector it gave when it was exported."""
 
 from pathlib import Path
