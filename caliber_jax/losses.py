@@ -114,7 +114,7 @@ def caliber_loss(
     return loss, parts
 
 
-# Objectives of `calibration_loss` (issue #16); "caliber" is eq. 4.
+# Objectives of `calibration_loss`; "caliber" is eq. 4.
 OBJECTIVES = ("caliber", "absolute", "neighbour")
 
 
@@ -388,7 +388,7 @@ def query_geometry_loss(
     q_valid: jax.Array,
     p_valid: jax.Array,
 ) -> jax.Array:
-    """Query-passage geometry preservation (issue #37), one value per query, `[Q]` float32.
+    """Query-passage geometry preservation, one value per query, `[Q]` float32.
 
     For query q: the mean over the present passages p of (cos(s q, s p) - cos(t q, t p))^2. With
     the batch's x and pi(x) as the passages, the student may move a passage (separate pi(x) from

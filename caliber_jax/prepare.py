@@ -92,7 +92,7 @@ def prepare(
     `numfine_items` > 0 also writes `numfine_test.jsonl`: NumFinE units (graded variants of one
     number) from the same held-out documents.
     `queries_only` (with `queries`) keeps only the training passages that get a question, before
-    the cap: the mined phase's data, every row a (question, passage) pair (issue #57).
+    the cap: the mined phase's data, every row a (question, passage) pair.
     `mined_dev` > 0 (with `queries` and held-out documents) writes `mined_dev.jsonl`: up to that
     many questions of held-out passages, each asked of one passage only, in FinanceBench's
     format (`retrieval.load_financebench`), the retrieval dev set the mined recipe is chosen on.
@@ -195,7 +195,7 @@ def prepare(
         found = mine_heldout_neighbours(train_texts, [p["text"] for p in val], k=neighbour_k)
         val = [{**p, "train_neighbour": n} for p, n in zip(val, found, strict=True)]
     if queries:
-        # A training question per passage (the query-geometry term, issue #37), from the offline
+        # A training question per passage (the query-geometry term), from the offline
         # generator of the mining pipeline: the passage's own numeric facts, no FinanceBench.
         questions = ([asked[p["id"]] for p in train] if queries_only
                      else make_queries(train, style=query_style))  # fmt: skip
