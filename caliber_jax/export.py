@@ -8,7 +8,9 @@ table in reverse, writes `model.safetensors`, `config.json`, the tokenizer files
 sentence-transformers modules (pooling, Dense W_out when present, Normalize), so `AutoModel` and
 `SentenceTransformer` load the student. `--workdir` and `--output` may be URLs (gs://...).
 The export is written beside `--output` and moved there when complete, replacing a previous export
-whole: the directory holds one export, and one cut short never looks finished (`DONE_FILE`).
+whole: the directory holds one export, and one cut short never looks finished (`DONE_FILE`). Only
+an export (a folder holding `DONE_FILE`) is ever replaced, and `--output` may not be, hold or sit
+inside the folders the export reads (`model.init_dir`, `--blend_with`).
 
 `--interpolate alpha` writes (1 - alpha) * initial + alpha * trained weights instead (weight-space
 ensembling, "WiSE-FT", Wortsman et al. 2022): the initial student is what `train.py` starts from
@@ -44,8 +46,12 @@ from caliber_jax import checkpoint, cli, paths, tokenization, w_out_init
 from caliber_jax.models import embedding, hf
 
 # Written last, after the weights, config.json, the tokenizer and the sentence-transformers files:
-# a directory without it is an export cut short.
+# a directory without it is an export cut short. Every export writes it, and only a directory that
+# holds it is replaced (a model folder that merely has `model.safetensors` is not an export).
 DONE_FILE = "caliber_export.json"
+# Written first into a remote output (a store without rename) and removed once `DONE_FILE` is
+# there: what an export cut short in such a store leaves is still an export, which a rerun replaces.
+PARTIAL_FILE = ".caliber_export.partial"
 # The weight dtypes an export can write (`torch_dtype` names).
 WEIGHT_DTYPES = {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}
 
@@ -60,11 +66,22 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     checkpoint of the run in `blend_with` (same student architecture), (module docstring).
     `dtype` ("float32", "float16" or "bfloat16") is the dtype of the written weights.
     A previous export in `output` is replaced whole, once the new one is complete; a directory
-    that holds something else is an error (`_check_replaceable`).
+    that holds something else (`_check_replaceable`), or one that is, holds or sits inside a
+    folder the export reads (`_check_apart`), is an error.
     """
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"export: dtype={dtype!r}, expected one of {', '.join(WEIGHT_DTYPES)}")
     workdir, output = paths.as_path(workdir), paths.as_path(output)
+    model = _read_config(workdir).model
+    _check_apart(
+        output,
+        inside_allowed={"workdir": workdir},
+        apart={
+            "model.init_dir": model.init_dir,
+            "model.tokenizer_dir": model.get("tokenizer_dir") or None,
+            "blend_with": blend_with,
+        },
+    )
     _check_replaceable(output)
     if step is not None:
         _check_saved_step(workdir / "checkpoints", step)
@@ -73,9 +90,7 @@ def export(workdir: str | os.PathLike, output: str | os.PathLike, *, step: int |
     if paths.is_remote(output):  # write locally, then copy the finished directory over
         with tempfile.TemporaryDirectory() as local:
             _write_export(workdir, epath.Path(local), **options)
-            if output.exists():  # the old export (and its DONE_FILE) goes first
-                output.rmtree()
-            _copy_tree(epath.Path(local), output)
+            _replace_remote(epath.Path(local), output)
         return output
     # A sibling folder (same filesystem), renamed into place when complete.
     staging = output.parent / f".{output.name}.export-{uuid.uuid4().hex[:12]}"
@@ -182,19 +197,71 @@ def _name_output(error: OSError, staging: epath.Path, output: epath.Path) -> OSE
 
 def _check_replaceable(output: epath.Path) -> None:
     """Raises ValueError unless `output` is absent, an empty directory or an export (it holds
-    `model.safetensors` or `DONE_FILE`): an export replaces it whole, so a mistyped `--output`
-    (a training workdir, a folder of runs) must not be deleted."""
+    `DONE_FILE`, or `PARTIAL_FILE` where a remote export was cut short): an export replaces it
+    whole, so a mistyped `--output` (a training workdir, a downloaded model folder, a folder of
+    runs) must not be deleted."""
     if not output.exists():
         return
     if not output.is_dir():
         raise ValueError(f"export: output {output} is a file, not a directory")
     if any(output.iterdir()) and not any(
-        (output / name).exists() for name in ("model.safetensors", DONE_FILE)
+        (output / name).exists() for name in (DONE_FILE, PARTIAL_FILE)
     ):
         raise ValueError(
-            f"export: output {output} is not empty and holds no export (no model.safetensors or "
-            f"{DONE_FILE}); an export replaces its output whole, so choose another directory"
+            f"export: output {output} is not empty and holds no export (no {DONE_FILE}, which "
+            "every export writes); an export replaces its output whole, so choose another directory"
         )
+
+
+def _check_apart(
+    output: epath.Path,
+    *,
+    inside_allowed: dict[str, epath.Path],
+    apart: dict[str, str | os.PathLike | None],
+) -> None:
+    """Raises ValueError when `output` is or holds a folder the export reads, or sits inside one
+    of `apart` (named by their flag or config field; None: not used): replacing `output` whole
+    would delete what it reads, e.g. the start an `--interpolate` blend comes from. An output
+    inside the run's own workdir (`inside_allowed`) is the usual place for it."""
+    target = _comparable(output)
+    folders = [(name, path, False) for name, path in apart.items() if path]
+    folders += [(name, path, True) for name, path in inside_allowed.items()]
+    for name, path, inside_ok in folders:
+        source = _comparable(path)
+        if target == source:
+            relation = "is"
+        elif target.startswith(source + "/") and not inside_ok:
+            relation = "is inside"
+        elif source.startswith(target + "/"):
+            relation = "holds"
+        else:
+            continue
+        raise ValueError(
+            f"export: output {output} {relation} {name} {path}, which the export reads; an export "
+            "replaces its output whole, so choose a directory apart from it"
+        )
+
+
+def _comparable(path: str | os.PathLike) -> str:
+    """`path` as `paths.as_path` gives it (local ones absolute, links resolved), to compare."""
+    return os.fspath(paths.as_path(path)).rstrip("/")
+
+
+def _replace_remote(source: epath.Path, output: epath.Path) -> None:
+    """Puts the finished local export `source` in place of `output` on a store without rename:
+    `PARTIAL_FILE` first (what a cut leaves stays replaceable), then the old export's files go
+    (its `DONE_FILE` first), the new ones come (`DONE_FILE` last), and `PARTIAL_FILE` goes."""
+    output.mkdir(parents=True, exist_ok=True)
+    (output / PARTIAL_FILE).write_text("")
+    for child in sorted(output.iterdir(), key=lambda child: child.name != DONE_FILE):
+        if child.name == PARTIAL_FILE:
+            continue
+        if child.is_dir():
+            child.rmtree()
+        else:
+            child.unlink()
+    _copy_tree(source, output)
+    (output / PARTIAL_FILE).unlink()
 
 
 def _move_into_place(staging: epath.Path, output: epath.Path) -> None:

@@ -416,12 +416,17 @@ def test_an_export_cut_short_leaves_the_previous_one_untouched(minilm_dir, tmp_p
 
 def test_export_refuses_to_replace_a_directory_that_holds_no_export(minilm_dir, tmp_path):
     """An export replaces its output whole, so an output that is not empty and holds no export
-    (here the training workdir itself) is an error, and stays as it was."""
+    (a folder of runs, the training workdir itself) is an error, and stays as it was."""
     workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
     contents = sorted(p.name for p in workdir.iterdir())
-    with pytest.raises(ValueError, match=r"run is not empty and holds no export"):
+    runs = tmp_path / "runs"
+    (runs / "other").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"runs is not empty and holds no export"):
+        export(workdir, runs)
+    with pytest.raises(ValueError, match=r"run is workdir .*run, which the export reads"):
         export(workdir, workdir)
     assert sorted(p.name for p in workdir.iterdir()) == contents
+    assert [p.name for p in runs.iterdir()] == ["other"]
     (tmp_path / "empty").mkdir()
     assert (export(workdir, tmp_path / "empty") / "caliber_export.json").is_file()
 
@@ -536,3 +541,83 @@ def test_an_unwritable_output_is_named_not_the_staging_folder(minilm_dir, tmp_pa
         export(workdir, output)
     assert str(raised.value).startswith(f"export: cannot write {output}: ")
     assert ".export-" not in str(raised.value)
+
+
+def test_export_refuses_a_model_folder_that_is_no_export(minilm_dir, tmp_path):
+    """A downloaded model folder (weights, config.json, tokenizer, a user's notes) is not an
+    export: only caliber_export.json, which every export writes, makes a folder replaceable, so
+    `--output` pointed at it is one error line and the folder stays as it was."""
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    downloaded = tmp_path / "downloaded"
+    shutil.copytree(minilm_dir, downloaded)
+    (downloaded / "NOTES.md").write_text("where this model came from\n")
+    before = {p.relative_to(downloaded): p.read_bytes() for p in downloaded.rglob("*")
+              if p.is_file()}  # fmt: skip
+    assert (downloaded / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match=r"downloaded is not empty and holds no export") as raised:
+        export(workdir, downloaded)
+    assert "\n" not in str(raised.value) and "caliber_export.json" in str(raised.value)
+    after = {p.relative_to(downloaded): p.read_bytes() for p in downloaded.rglob("*")
+             if p.is_file()}  # fmt: skip
+    assert after == before
+    # What an export leaves is replaceable: its marker says so.
+    out = export(workdir, tmp_path / "hf")
+    assert (out / "caliber_export.json").is_file()
+    assert export(workdir, out) == out
+
+
+def test_export_refuses_an_output_that_overlaps_what_it_reads(minilm_dir, tmp_path):
+    """`--output` equal to, inside or around the init dir (read for every export: tokenizer,
+    passthrough tensors; with `--interpolate`, the start it blends from) or `--blend_with`'s run
+    is refused before anything is written, even where that folder is itself an export (a
+    student initialised from an earlier export)."""
+    init = tmp_path / "init"
+    shutil.copytree(minilm_dir, init)
+    (tmp_path / "w").mkdir()
+    workdir, _, _ = make_workdir(tmp_path / "w", init, num_layers=1)
+    first = export(workdir, tmp_path / "first")
+    before = sorted(p.name for p in init.iterdir())
+    # The init dir made to look like an export: the replaceable check alone would let it go.
+    (init / "caliber_export.json").write_text("{}")
+    for output, relation in ((init, "is"), (init / "hf", "is inside"), (tmp_path, "holds")):
+        for options in ({}, {"interpolate": 0.5}):
+            with pytest.raises(ValueError, match=rf"{relation} model.init_dir") as raised:
+                export(workdir, output, **options)
+            assert "\n" not in str(raised.value)
+    (init / "caliber_export.json").unlink()
+    assert sorted(p.name for p in init.iterdir()) == before and not (init / "hf").exists()
+    # --blend_with's run: the other source of a soup.
+    (tmp_path / "o").mkdir()
+    other, _, _ = make_workdir(tmp_path / "o", init, num_layers=1, seed=1)
+    with pytest.raises(ValueError, match=r"is inside blend_with"):
+        export(workdir, other / "soup", interpolate=0.5, blend_with=other)
+    assert not (other / "soup").exists()
+    assert (first / "caliber_export.json").is_file()
+
+
+def test_a_remote_export_cut_short_can_be_exported_again(minilm_dir, tmp_path, monkeypatch):
+    """A store without rename gets the files one by one: an export cut short there holds no
+    caliber_export.json yet, but its in-progress marker (written first) still lets a rerun
+    replace it."""
+    from caliber_jax import export as export_module
+
+    workdir, _, _ = make_workdir(tmp_path, minilm_dir, num_layers=1)
+    output = tmp_path / "bucket" / "hf"
+    monkeypatch.setattr(export_module.paths, "is_remote", lambda path: True)
+    copy_tree = export_module._copy_tree
+
+    def cut_short(source, target):
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text("{}")  # one file copied, then the job is killed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module, "_copy_tree", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        export(workdir, output)
+    assert not (output / "caliber_export.json").exists()
+    monkeypatch.setattr(export_module, "_copy_tree", copy_tree)
+    export(workdir, output)
+    names = sorted(p.name for p in output.iterdir())
+    assert "caliber_export.json" in names and "model.safetensors" in names
+    assert not any(name.endswith(".partial") for name in names)
+    assert Embedder.from_pretrained(output).dim == 384
