@@ -230,6 +230,10 @@ class Embedder:
             # Batch rows: a multiple of the devices the batch is split over.
             row_multiple=self.mesh.size if self.mesh is not None else 1,
         )  # fmt: skip
+        # One batch in flight: the device encodes batch i while the host pads and sends batch
+        # i + 1; only then are batch i's vectors pulled (a teacher's encoding is hours on a GPU,
+        # and padding is host work that would otherwise leave the device idle).
+        in_flight = None
         for rows, padded_rows, length in tqdm(plan, disable=not progress):
             ids, mask = pad_batch(
                 [seqs[r] for r in rows], rows=padded_rows, length=length, pad_id=self.pad_id
@@ -239,7 +243,12 @@ class Embedder:
                 rows_sharding = sharding.batch_sharding(self.mesh)
                 ids, mask = jax.device_put((ids, mask), rows_sharding)
             vecs = self._embed(self.params, ids, mask)
-            out[rows] = np.asarray(vecs)[: len(rows)]
+            vecs.copy_to_host_async()  # the copy starts once the batch is done, not when pulled
+            if in_flight is not None:
+                _pull(out, *in_flight)
+            in_flight = rows, vecs
+        if in_flight is not None:
+            _pull(out, *in_flight)
         bad = np.flatnonzero(~np.isfinite(out).all(axis=1))
         if bad.size:
             raise FloatingPointError(
@@ -251,6 +260,11 @@ class Embedder:
     def encode_fn(self, **kwargs) -> Callable[[Sequence[str]], np.ndarray]:
         """`texts -> vectors` closure for the evaluators."""
         return lambda texts: self.encode(texts, **kwargs)
+
+
+def _pull(out: np.ndarray, rows: np.ndarray, vecs: jax.Array) -> None:
+    """Writes a batch's vectors (padding rows dropped) to its rows of `out` on the host."""
+    out[rows] = np.asarray(vecs)[: len(rows)]
 
 
 def _max_length(path: Path, spec: embedding.ModelSpec) -> int:

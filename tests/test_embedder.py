@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from caliber_jax import Embedder
+from caliber_jax import Embedder, sharding
 from caliber_jax.data import padding
 from caliber_jax.models import embedding, layers
 
@@ -231,3 +231,79 @@ def test_a_directory_without_tokenizer_files_is_named_when_text_is_encoded(minil
     embedder = Embedder.from_pretrained(bare)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bare))}: no tokenizer files"):
         embedder.tokenize(["Revenue rose."])
+
+
+def sequential_encode(emb: Embedder, texts, **plan_options) -> np.ndarray:
+    """What `encode` computes, one batch at a time: each batch's vectors pulled to the host
+    before the next is padded (the plan, padding and program `encode_ids` uses)."""
+    seqs = emb.tokenize(texts)
+    plan = padding.batch_plan(
+        [len(s) for s in seqs], max_length=emb.max_length,
+        row_multiple=emb.mesh.size if emb.mesh is not None else 1, **plan_options,
+    )  # fmt: skip
+    out = np.zeros((len(seqs), emb.dim), np.float32)
+    for rows, padded_rows, length in plan:
+        ids, mask = padding.pad_rows(
+            [seqs[r] for r in rows], rows=padded_rows, length=length, pad_id=emb.pad_id
+        )
+        if emb.mesh is not None:
+            ids, mask = jax.device_put((ids, mask), sharding.batch_sharding(emb.mesh))
+        out[rows] = np.asarray(emb._embed(emb.params, ids, mask))[: len(rows)]
+    return out
+
+
+@pytest.mark.parametrize("data_parallel", [False, True], ids=["one device", "8 devices"])
+def test_encode_with_a_batch_in_flight_gives_the_same_bits_in_order(
+    minilm_dir, filing_passages, data_parallel
+):
+    """Padding the next batch while the device encodes the last changes no bit of any vector
+    and no row's place, with fixed batches and with token budgets (several rungs)."""
+    texts = filing_passages[:40]
+    emb = Embedder.from_pretrained(minilm_dir, data_parallel=data_parallel)
+    for options in (dict(batch_size=16), dict(batch_size=16, tokens_per_batch=1000)):
+        expected = sequential_encode(emb, texts, **options)
+        np.testing.assert_array_equal(emb.encode(texts, **options), expected)
+
+
+def test_encode_pads_the_next_batch_before_pulling_the_last(minilm_dir, filing_passages,
+                                                            monkeypatch):  # fmt: skip
+    """One batch stays in flight: batch i + 1 is padded and sent before batch i's vectors are
+    pulled to the host, so the host's work overlaps the device's; the last batch is pulled too."""
+    from caliber_jax import embedder as embedder_module
+
+    emb = Embedder.from_pretrained(minilm_dir)
+    events = []
+
+    class Pending:
+        """A batch's device output that notes when the host pulls it."""
+
+        def __init__(self, index, value):
+            self.index, self.value = index, value
+
+        def copy_to_host_async(self):
+            self.value.copy_to_host_async()
+
+        def __array__(self, dtype=None, copy=None):
+            events.append(("pull", self.index))
+            return np.asarray(self.value, dtype=dtype)
+
+    pad_batch, embed = embedder_module.pad_batch, emb._embed
+
+    def noting_pad(*args, **kwargs):
+        events.append(("pad", sum(kind == "pad" for kind, _ in events)))
+        return pad_batch(*args, **kwargs)
+
+    def noting_embed(params, ids, mask):
+        return Pending(sum(kind == "pad" for kind, _ in events) - 1, embed(params, ids, mask))
+
+    monkeypatch.setattr(embedder_module, "pad_batch", noting_pad)
+    monkeypatch.setattr(emb, "_embed", noting_embed)
+    texts = filing_passages[:40]
+    got = emb.encode(texts, batch_size=8)
+    batches = -(-len(texts) // 8)
+    assert sorted(events) == sorted([("pad", i) for i in range(batches)]
+                                    + [("pull", i) for i in range(batches)])  # fmt: skip
+    for i in range(1, batches):
+        assert events.index(("pad", i)) < events.index(("pull", i - 1)), events
+    monkeypatch.undo()
+    np.testing.assert_array_equal(got, sequential_encode(emb, texts, batch_size=8))
