@@ -6,7 +6,7 @@ the longest row. No jax here: the loader and the benchmarks use it on the host.
 """
 
 import collections
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -180,32 +180,34 @@ def row_ladder(needed: Sequence[int], *, rungs: int, worst: int, multiple: int) 
     return tuple(sorted({*chosen, top}))
 
 
-def shape_first_order(shapes: Sequence[Hashable], steps: int) -> np.ndarray:
-    """An order of an epoch's batches whose first `steps` share one shape.
+def central_first_order(values: Sequence[int], steps: int) -> np.ndarray:
+    """An order of an epoch's batches that leads with `steps` batches of about one size.
 
-    The first `steps` batches of the epoch's most common shape (ties: the one met first) come
-    first, in their order; every other batch follows in its order. Each batch is still met once
-    per epoch. With the first step's program built, the others compile while those steps run
-    (`compile_ahead`), instead of the second step waiting for its shape's.
+    The `steps` batches whose value (e.g. the rows a batch packs into) lies closest to the epoch's
+    most common value (ties: the value met first) come first, in their order; every other batch
+    follows in its order. Each batch is still met once per epoch. Of two batches as far from it,
+    the smaller value leads (it raises no row count), then the earlier batch. With the first
+    step's program built, the others compile while those steps run (`compile_ahead`), instead of
+    the second step waiting for its shape's.
 
     Args:
-      shapes: each batch's shape (anything hashable; equal values, equal programs), in order.
-      steps: how many leading steps share the most common shape (fewer if it has fewer batches).
+      values: one int per batch (its size), in order.
+      steps: how many batches lead (all of them if the epoch has fewer).
 
     Returns:
-      [len(shapes)] int64: position i of the new order takes batch order[i].
+      [len(values)] int64: position i of the new order takes batch order[i].
     """
     if steps < 0:
         raise ValueError(f"steps={steps} must be >= 0")
-    shapes = list(shapes)
-    counts = collections.Counter(shapes)  # in the order first met: max keeps the first of a tie
-    if not counts or steps == 0:
-        return np.arange(len(shapes), dtype=np.int64)
+    values = [int(value) for value in values]
+    if not values or steps == 0:
+        return np.arange(len(values), dtype=np.int64)
+    counts = collections.Counter(values)  # in the order first met: max keeps the first of a tie
     common = max(counts, key=counts.__getitem__)
-    first = [i for i, shape in enumerate(shapes) if shape == common][:steps]
-    chosen = set(first)
-    rest = [i for i in range(len(shapes)) if i not in chosen]
-    return np.asarray(first + rest, dtype=np.int64)
+    ranked = sorted(range(len(values)), key=lambda i: (abs(values[i] - common), values[i], i))
+    lead = sorted(ranked[:steps])
+    chosen = set(lead)
+    return np.asarray(lead + [i for i in range(len(values)) if i not in chosen], dtype=np.int64)
 
 
 # Encoding pads to the same short geometric ladder as training: one compiled program per rung,

@@ -386,11 +386,14 @@ def make_batch_fn(
         epoch 0 meets at most `pack_rungs` shapes), then a fallback of 2b rows (b = B / P: one
         sequence per row), which any batch fits, for a later epoch's batch that needs more
         rows than any of epoch 0's.
-      pack_first_steps: the packed layout's epoch 0 starts with this many batches of its most
-        common row count (`padding.shape_first_order`: those batches move ahead, every other
-        batch keeps its order after them), so that the other counts' programs compile while
-        those steps run (`compile_ahead`) instead of a step waiting for them; later epochs keep
-        their shuffled order. 0 = epoch 0's plain order.
+      pack_first_steps: the packed layout's epoch 0 starts with this many batches of about one
+        size, all at one row count, so that the other counts' programs compile while those steps
+        run (`compile_ahead`) instead of a step waiting for them: the batches whose packing as
+        one whole batch needs about the most common row count (`padding.central_first_order`:
+        they move ahead, every other batch keeps its order after them), which depends on the data
+        and the seed alone (the same order on any devices and processes); each takes the largest
+        rung any of them needs here. Later epochs keep their shuffled order. 0 = epoch 0's plain
+        order.
       process_rows: [process_count, b] global batch positions of each process's rows, as the
         device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
         process order. Process p reads the planned batch's rows at process_rows[p], so the
@@ -470,9 +473,21 @@ def make_batch_fn(
             needed, rungs=pack_rungs, worst=2 * local, multiple=pack_rows_multiple
         )
         if pack_first_steps:
-            # The ladder does not depend on the order (every batch of epoch 0 counts once).
-            counts = [padding.bucket_for(n, load_batch.pack_ladder) for n in needed]
-            load_batch.first_epoch_order = padding.shape_first_order(counts, pack_first_steps)
+            # Which batches lead depends on the data and the seed alone, never on the devices or
+            # processes (they change the row counts: `pack_rows_multiple`, each process packing
+            # its share), so a run resumed on another topology meets the same order: those whose
+            # packing as one whole batch needs about the most common row count. The ladder does
+            # not depend on the order (every batch of epoch 0 counts once).
+            whole = [load_batch.whole_rows_needed(step) for step in range(per_epoch)]
+            order = padding.central_first_order(whole, pack_first_steps)
+            leading = order[:pack_first_steps]
+            load_batch.first_epoch_order = order
+            # On this topology they may fall on neighbouring rungs: all take the largest of them,
+            # so the first steps share one program.
+            load_batch.first_steps = len(leading)
+            load_batch.first_rows = max(
+                padding.bucket_for(needed[i], load_batch.pack_ladder) for i in leading
+            )
     return load_batch
 
 
@@ -568,8 +583,10 @@ class _LoadBatch:
         self._empty: int | None = None
         # The packed layout's row counts (`make_batch_fn` sets them from epoch 0's batches).
         self.pack_ladder: tuple[int, ...] = ()
-        # Epoch 0's order of its planned batches (`make_batch_fn`'s pack_first_steps), or None.
+        # Epoch 0's order of its planned batches (`make_batch_fn`'s pack_first_steps), or None;
+        # its first `first_steps` steps take `first_rows` packed rows.
         self.first_epoch_order: np.ndarray | None = None
+        self.first_steps, self.first_rows = 0, 0
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         o = self.options
@@ -580,7 +597,7 @@ class _LoadBatch:
         texts, perturbed = self.source.read_texts(mine)
         has_pert = np.array([bool(text) for text in perturbed])
         if o["pack_length"]:
-            arrays = self._pack(texts, perturbed, filled, mine)
+            arrays = self._pack(texts, perturbed, mine, self._pack_count(filled, step))
         else:
             arrays = self._pad(texts, perturbed, filled, mine)
         teacher_x, teacher_px = self.source.read_teacher(mine)
@@ -612,7 +629,7 @@ class _LoadBatch:
         o = self.options
         batch = self._global_batch(step)[1]
         if o["pack_length"]:
-            return (0, 0, self._pack_count(batch))
+            return (0, 0, self._pack_count(batch, step))
         longest = padding.bucket_for(max(1, self._longest(batch)), o["buckets"])
         compact = self._compact_count(batch) if o["pert_rows_multiple"] else 0
         return (longest, compact, 0)
@@ -650,20 +667,31 @@ class _LoadBatch:
         """Packed rows step `step`'s batch needs: the most any process's packing needs."""
         return self._rows_needed(self._global_batch(step)[1])
 
+    def whole_rows_needed(self, step: int) -> int:
+        """Packed rows step `step`'s global batch needs as one batch (one process): what
+        `pack_first_steps` orders by, the same on any devices and processes."""
+        batch = self._global_batch(step)[1]
+        return len(padding.pack_bins(self._sequence_lengths(batch), capacity=self._capacity()))
+
     def _rows_needed(self, batch: np.ndarray) -> int:
-        o = self.options
-
-        def sequence_lengths(members: np.ndarray) -> list[int]:
-            pert = members[self.has_pert[members]]
-            return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
-
         return max(
-            len(padding.pack_bins(sequence_lengths(batch[rows]), capacity=o["pack_length"]))
-            for rows in o["process_rows"]
+            len(padding.pack_bins(self._sequence_lengths(batch[rows]), capacity=self._capacity()))
+            for rows in self.options["process_rows"]
         )
 
-    def _pack_count(self, batch: np.ndarray) -> int:
-        """Packed rows per process: the smallest rung of `pack_ladder` that holds the batch."""
+    def _capacity(self) -> int:
+        return self.options["pack_length"]
+
+    def _sequence_lengths(self, members: np.ndarray) -> list[int]:
+        """Token counts of the rows' x, then of their existing pi(x)."""
+        pert = members[self.has_pert[members]]
+        return self.lengths[members].tolist() + self.pert_lengths[pert].tolist()
+
+    def _pack_count(self, batch: np.ndarray, step: int) -> int:
+        """Packed rows per process: the smallest rung of `pack_ladder` that holds the batch, or
+        `first_rows` for the first `first_steps` steps of epoch 0."""
+        if step < self.first_steps:
+            return self.first_rows
         needed = self._rows_needed(batch)
         if needed > self.pack_ladder[-1]:  # the last rung is one sequence per row
             raise AssertionError(f"{needed} packed rows above the ladder {self.pack_ladder}")
@@ -701,18 +729,17 @@ class _LoadBatch:
         return arrays
 
     def _pack(
-        self, texts: list[str], perturbed: list[str], batch: np.ndarray, mine: np.ndarray
+        self, texts: list[str], perturbed: list[str], mine: np.ndarray, count: int
     ) -> dict[str, np.ndarray]:
         """The "packed" layout: this process's x and pi(x) sequences end to end in rows.
 
         Slot of x at global batch position g: g; of its pi(x): B + g; padding: 2B. The row count
         is the smallest rung of `pack_ladder` that holds the packing of every process (each
         computes every process's packing from the global batch's lengths), so all processes
-        share one shape.
+        share one shape; `count` is that row count (`_pack_count`).
         """
         o = self.options
         capacity, size = o["pack_length"], o["batch_size"]
-        count = self._pack_count(batch)
         positions = o["process_rows"][o["process_index"]]
         pert_rows = [i for i, text in enumerate(perturbed) if text]
         id_lists = self._tokenize_checked(texts, self.lengths[mine]) + self._tokenize_checked(

@@ -104,18 +104,24 @@ def test_row_ladder_checks():
         padding.row_ladder([1], rungs=0, worst=4, multiple=1)
 
 
-def test_shape_first_order_leads_with_the_most_common_shape():
-    shapes = [13, 11, 17, 11, 13, 11, 17, 11]
-    order = padding.shape_first_order(shapes, 3)
+def test_central_first_order_leads_with_batches_of_about_the_most_common_size():
+    sizes = [13, 11, 17, 11, 13, 11, 17, 11]
+    order = padding.central_first_order(sizes, 3)
     # The first three 11s (positions 1, 3, 5), then everything else in its order.
     np.testing.assert_array_equal(order, [1, 3, 5, 0, 2, 4, 6, 7])
-    assert [shapes[i] for i in order[:3]] == [11, 11, 11]
-    # More steps than the common shape has batches: all of them lead.
-    np.testing.assert_array_equal(padding.shape_first_order(shapes, 9), [1, 3, 5, 7, 0, 2, 4, 6])
-    # A tie goes to the shape met first; 0 steps keep the order.
-    np.testing.assert_array_equal(padding.shape_first_order([2, 1, 1, 2], 1), [0, 1, 2, 3])
-    np.testing.assert_array_equal(padding.shape_first_order([1, 2, 2, 1], 1), [0, 1, 2, 3])
-    np.testing.assert_array_equal(padding.shape_first_order([2, 1, 1, 2], 2), [0, 3, 1, 2])
-    np.testing.assert_array_equal(padding.shape_first_order(shapes, 0), np.arange(8))
+    assert [sizes[i] for i in order[:3]] == [11, 11, 11]
+    # More steps than the common size has batches: the closest sizes fill the rest, the smaller
+    # of two as close first (9 before 13); the leaders keep their order.
+    np.testing.assert_array_equal(
+        padding.central_first_order([13, 11, 9, 11, 13, 11], 5), [0, 1, 2, 3, 5, 4]
+    )
+    np.testing.assert_array_equal(
+        padding.central_first_order([9, 11, 13, 11, 10, 11], 4), [1, 3, 4, 5, 0, 2]
+    )
+    # A tie goes to the size met first; 0 steps keep the order; all steps: the plain order.
+    np.testing.assert_array_equal(padding.central_first_order([2, 1, 1, 2], 1), [0, 1, 2, 3])
+    np.testing.assert_array_equal(padding.central_first_order([2, 1, 1, 2], 2), [0, 3, 1, 2])
+    np.testing.assert_array_equal(padding.central_first_order(sizes, 0), np.arange(8))
+    np.testing.assert_array_equal(padding.central_first_order(sizes, 8), np.arange(8))
     with pytest.raises(ValueError, match="steps=-1"):
-        padding.shape_first_order(shapes, -1)
+        padding.central_first_order(sizes, -1)

@@ -705,8 +705,9 @@ def test_geometry_decides_each_batch_shape(corpus, layout):
 
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_pack_first_steps_share_one_row_count(corpus, process_count):
-    """Epoch 0 starts with `pack_first_steps` batches of its most common row count, meets every
-    batch of the plain order once, on every process alike; later epochs are untouched."""
+    """Epoch 0 starts with `pack_first_steps` batches at one row count (here its most common),
+    meets every batch of the plain order once, on every process alike; later epochs are
+    untouched."""
     source = corpus[0]
     fns = {
         first: [
@@ -740,6 +741,43 @@ def test_pack_first_steps_share_one_row_count(corpus, process_count):
         )
     for step in range(epoch, 2 * epoch):  # epoch 1: the plain order
         np.testing.assert_array_equal(ordered(step)["index"], plain(step)["index"])
+
+
+@pytest.mark.parametrize("first", [0, 4])
+def test_epoch_zero_order_is_the_same_on_any_device_or_process_count(corpus, first):
+    """The passages epoch 0 visits, in order, depend on the data and the seed alone: a run on 1
+    device, 8 devices (packed rows a multiple of 8) or 2 processes x 2 devices trains the same
+    order, so one preempted in epoch 0 and resumed on another topology neither replays nor skips
+    a batch. With `pack_first_steps` the first steps still share one row count on each."""
+    source = corpus[0]
+    geometries = {"1 device": (1, 1), "8 devices": (1, 8), "2 processes x 2": (2, 2)}
+    orders, leading = {}, {}
+    for name, (process_count, multiple) in geometries.items():
+        fns = [
+            packed_batch_fn(
+                source,
+                batch_size=8,
+                pack_rungs=3,
+                pack_first_steps=first,
+                pack_rows_multiple=multiple,
+                process_index=p,
+                process_count=process_count,
+            )  # fmt: skip
+            for p in range(process_count)
+        ]
+        # The passage indices consumed over epoch 0, padding rows (-1) aside.
+        orders[name] = [
+            int(row)
+            for step in range(fns[0].per_epoch)
+            for row in np.concatenate([fn(step)["index"] for fn in fns])
+            if row >= 0
+        ]
+        leading[name] = {fns[0].geometry(step) for step in range(first)}
+    assert orders["8 devices"] == orders["1 device"]
+    assert orders["2 processes x 2"] == orders["1 device"]
+    assert sorted(orders["1 device"]) == list(range(NUM_ROWS))
+    if first:
+        assert all(len(shapes) == 1 for shapes in leading.values()), leading
 
 
 def test_pack_first_steps_checks(corpus):
