@@ -330,6 +330,10 @@ def train_launch(args, work: Path, name: str, limit: float, *, to_exit: bool) ->
     """Launches `caliber_jax.train` and times it from its log and metrics lines: to its exit
     (`to_exit`: the whole epoch), or stopped after a few logged steps (a launch's first step)."""
     workdir = work / name
+    # A fresh workdir each time: one left by an earlier report on this --work would be resumed
+    # from its checkpoints, and its metrics.jsonl lines read as this launch's timings.
+    if workdir.exists():
+        shutil.rmtree(workdir)
     metrics = workdir / "metrics.jsonl"
     # Every step logged for a short launch; the config's cadence for the epoch (a metrics line
     # fetches from the device). Neither changes the step's program, so both share the cache.
@@ -393,10 +397,20 @@ def train_launch(args, work: Path, name: str, limit: float, *, to_exit: bool) ->
 def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit_s: float,
                   finished: bool) -> dict:  # fmt: skip
     """The epoch's figures from its metrics lines (one per `log_every` steps: passages/s and real
-    tokens/s of the window since the last) and its log's `compile:` line."""
+    tokens/s of the window since the last) and its log's `compile:` line; without a metrics line
+    (the launch ended or was stopped before its first), the log's figures and an error."""
     setup_record = json.loads((work / "setup.json").read_text())
     batch = train_setting("batch_size")
     total_steps = setup_record["passages"] // batch  # drop_remainder
+    if not rows:
+        return {
+            "finished": finished,
+            "steps": 0.0,
+            "epoch_steps": float(total_steps),
+            "exit_s": exit_s,
+            "error": "no metrics line before the launch ended: no step times",
+            **_log_figures(log),
+        }
     # A window's seconds are its passages over its passages/s; its tokens follow.
     windows = [(b - a, batch * (b - a) / row["train/seq_per_s"], row["train/tokens_per_s"])
                for a, b, row in zip([0, *steps], steps, rows, strict=False)]  # fmt: skip
@@ -429,6 +443,13 @@ def epoch_figures(work: Path, steps: list[int], rows: list[dict], log: str, exit
     }
     if not finished:  # cut short: what its steps project for the whole epoch
         result["projected_exit_s"] = exit_s + (total_steps - steps[-1]) * step_s
+    return {**result, **_log_figures(log)}
+
+
+def _log_figures(log: str) -> dict:
+    """The compile seconds train's log gives: in all, or up to its first step when killed before
+    its end; and the first step's program's build."""
+    result = {}
     if compiled := re.search(r"^compile: (\d+) train-step shapes.*?([\d.]+) s compiling or loading",
                              log, re.MULTILINE):  # fmt: skip
         result["step_programs"] = float(compiled.group(1))

@@ -1,5 +1,6 @@
 """The GPU session's script (`benchmarks/gpu_on_device.sh`) rehearsed on the CPU at toy size."""
 
+import argparse
 import json
 import math
 import os
@@ -149,3 +150,82 @@ def test_train_flags_come_from_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv("TRAIN_FLAGS")
         assert importlib.reload(device_report).TRAIN_FLAGS == []
+
+
+# A stand-in for `python -m caliber_jax.train` (argv: its workdir): notes what the workdir held
+# when it started, prints train's "first step done" line, appends two metrics lines (steps 2
+# and 4, or none with NO_ROWS) and exits.
+FAKE_TRAIN = """
+import json, os, sys
+workdir = sys.argv[1]
+held = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+with open(os.path.join(os.path.dirname(workdir), "held.json"), "w") as f:
+    json.dump(held, f)
+os.makedirs(os.path.join(workdir, "checkpoints", "4"), exist_ok=True)
+print("first step done 1.0 s after train() began: weights 0.1 s", flush=True)
+if not os.environ.get("NO_ROWS"):
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        for step in (2, 4):
+            row = {"step": step, "train/seq_per_s": 16.0, "train/tokens_per_s": 1000.0}
+            f.write(json.dumps(row) + "\\n")
+print("compile: 2 train-step shapes, 3.5 s compiling or loading", flush=True)
+"""
+
+
+@pytest.fixture
+def fake_launch(tmp_path, monkeypatch):
+    """`train_launch` and `epoch_figures` on the CPU: the fake train above in place of
+    `caliber_jax.train`, setup's record of 32 passages, batch 8, a nominal peak (no nvidia-smi)."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(
+        device_report, "train_command",
+        lambda args, work, name, extra: [sys.executable, str(script), str(work / name)],
+    )  # fmt: skip
+    monkeypatch.setattr(device_report, "TRAIN_FLAGS", [])
+    monkeypatch.setattr(device_report, "SIZES", {
+        **device_report.SIZES, "student": "qwen3-tiny", "peak_flops": 1e12,
+        "config": ["--config.batch_size=8"], "train_steps": 2,
+    })  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "setup.json").write_text(json.dumps({"passages": 32, "pert_share": 0.5}))
+    return work
+
+
+@pytest.mark.parametrize("name", ["train_epoch", "train_warm"])
+def test_a_rerun_launch_starts_from_an_empty_workdir(fake_launch, name):
+    """A second report run on the same --work: the launch's workdir from the first (its
+    checkpoints, its metrics.jsonl) is cleared, so train starts afresh instead of resuming, and
+    only this launch's metrics lines are read as its timings."""
+    work = fake_launch
+    stale = work / name
+    (stale / "checkpoints" / "100").mkdir(parents=True)
+    rows = [{"step": s, "train/seq_per_s": 1.0, "train/tokens_per_s": 1.0} for s in (50, 100)]
+    (stale / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = argparse.Namespace(python=sys.executable)
+    result = device_report.train_launch(args, work, name, 120.0, to_exit=name == "train_epoch")
+    assert (work / "held.json").exists(), "stopped at once: the old run's lines were read"
+    assert json.loads((work / "held.json").read_text()) == []  # nothing left to resume
+    assert sorted(p.name for p in (stale / "checkpoints").iterdir()) == ["4"]
+    assert result["steps_seen"] == 2 and result["first_step_s"] > 0, result
+    if name == "train_epoch":
+        assert result["finished"] is True and result["steps"] == 4.0, result
+        assert result["step_s"] == pytest.approx(0.5)  # 8 passages a step at 16 a second
+        assert result["compile_s"] == 3.5 and result["step_programs"] == 2
+
+
+def test_an_epoch_without_metrics_lines_keeps_its_first_step(fake_launch, monkeypatch):
+    """A launch that exits (or is stopped) before its first metrics line: the figures the log
+    gives (first step, exit, compile seconds) are kept, with an error naming what is missing,
+    instead of the whole part failing on an empty list."""
+    monkeypatch.setenv("NO_ROWS", "1")
+    args = argparse.Namespace(python=sys.executable)
+    result = device_report.train_launch(args, fake_launch, "train_epoch", 120.0, to_exit=True)
+    assert result["first_step_s"] > 0 and result["exit_s"] >= result["first_step_s"], result
+    assert result["steps"] == 0.0 and result["finished"] is True
+    assert result["compile_s"] == 3.5
+    assert "no metrics line" in result["error"]
+    assert "step_s" not in result
+    figures = device_report.epoch_figures(fake_launch, [], [], "", 12.0, False)
+    assert figures["exit_s"] == 12.0 and figures["finished"] is False and "error" in figures
