@@ -756,13 +756,13 @@ def test_epoch_zero_order_is_the_same_on_any_device_or_process_count(corpus, fir
         fns = [
             packed_batch_fn(
                 source,
-                batch_size=8,
+                batch_size=4,
                 pack_rungs=3,
                 pack_first_steps=first,
                 pack_rows_multiple=multiple,
                 process_index=p,
                 process_count=process_count,
-            )  # fmt: skip
+            )
             for p in range(process_count)
         ]
         # The passage indices consumed over epoch 0, padding rows (-1) aside.
