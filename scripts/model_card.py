@@ -475,6 +475,18 @@ def load_spec(spec_path: Path, root: Path) -> dict:
     return spec
 
 
+def shown_name(spec: dict, key: str) -> str:
+    """A baseline's name as the tables show it: marked "restored" with its records' dates where
+    they were made at another commit than the student's record (read back from an earlier
+    record, not measured beside it)."""
+    mine = {p.get("commit") for p in spec["student_results"]["provenances"]}
+    provenances = spec["baseline_results"][key]["provenances"]
+    if {p.get("commit") for p in provenances} <= mine:
+        return spec["names"][key]
+    dates = sorted({str(p.get("date"))[:10] for p in provenances})
+    return f"{spec['names'][key]} (restored, {', '.join(dates)})"
+
+
 def readme_table(spec: dict, spec_path: str) -> str:
     """The README's results table, between its two markers: the student and each row the spec
     names, nDCG@10 and NumGap-D with the student's paired difference to each."""
@@ -492,7 +504,7 @@ def readme_table(spec: dict, spec_path: str) -> str:
     for key in spec["readme_rows"]:
         other = spec["baseline_results"][key]
         lines.append(
-            f"| {spec['names'][key]} | {_fmt(_value(other, 'financebench', 'ndcg_at_10'))} | "
+            f"| {shown_name(spec, key)} | {_fmt(_value(other, 'financebench', 'ndcg_at_10'))} | "
             f"{paired_cell(paired(mine, other, 'financebench', 'ndcg_at_10'))} | "
             f"{_fmt(_value(other, 'numgap', 'D'))} | "
             f"{paired_cell(paired(mine, other, 'numgap', 'D'))} |"
@@ -652,7 +664,7 @@ def hub_card(spec: dict, root: Path, spec_path: str, commit: str) -> str:
     head = ["model", *(name for _, name in CARD_METRICS), "NumGap-D", "NumGap-M"]
     scores = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, result in [(f"**{spec['name']}**", mine)] + [
-        (names[k], spec["baseline_results"][k]) for k in spec["card_baselines"]
+        (shown_name(spec, k), spec["baseline_results"][k]) for k in spec["card_baselines"]
     ]:
         cells = [_fmt(_value(result, "financebench", m), 4) for m, _ in CARD_METRICS]
         cells += [_fmt(_value(result, "numgap", "D")), _fmt(_value(result, "numgap", "M"))]
