@@ -20,7 +20,7 @@ Paper optimisation settings (AdamW 1e-4, batch 32, 5% warmup + linear decay,
 lambda 0.5, m 0.05); the corpus is smaller than the paper's 606K passages because mpnet encodes
 only ~0.3-0.45 passages/s on two shared CPU cores: 4,000 training passages x 4 epochs = 500 steps.
 Runtime there: ~45 minutes per student, 7-8 hours for the whole study (resumable, recorded in
-docs/study_mpnet/ across machines; minutes on a GPU). The teacher also runs through the Flax MPNet
+records/study_mpnet/ across machines; minutes on a GPU). The teacher also runs through the Flax MPNet
 port (`--config.teacher.backend=flax`, vectors within 2e-7 of PyTorch's; on a GPU/TPU); the
 study keeps PyTorch, with which its seed-0 teacher vectors were made.
 Measured (docs/history.md): FinanceBench nDCG@10 Teacher 0.6609, Initial (MiniLM + W_out) 0.5507.
