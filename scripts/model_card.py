@@ -593,6 +593,68 @@ def _scalar(value) -> str:
     return json.dumps(str(value))
 
 
+def edits_sentence(prepare: dict) -> str:
+    """What the training edits change, from the run's prepare settings."""
+    polarity = prepare.get("category_weights", {}).get("polarity", 1.0)
+    parts = {
+        "magnitude": "change a number by x10 or /10",
+        "polarity": "flip a direction word"
+        + (" that governs an amount" if prepare.get("polarity_scope") == "quantity" else "")
+        + (f" (drawn {polarity:g}x as often)" if polarity != 1.0 else ""),
+        "unit": "swap a scale or unit word"
+        + (" (every scale for every other, both ways)" if prepare.get("scale_swaps") == "all"
+           else ""),
+        "period": "shift a year",
+        "currency": "swap a currency",
+    }  # fmt: skip
+    chosen = [parts[c] for c in prepare.get("categories", []) if c in parts]
+    if len(chosen) > 1:
+        chosen[-1] = "or " + chosen[-1]
+    return "The edits " + ", ".join(chosen) + "."
+
+
+def step2_loss(loss: dict) -> str:
+    """Step 2's loss in short sentences, one per term the run's config switched on."""
+    terms = []
+    if loss.get("objective") == "neighbour" and loss.get("lam"):
+        terms.append(
+            f"A hinge (weight {loss['lam']:g}, margin {loss['margin']:g}) asks that a passage's "
+            "one-number, unit or direction-word edit lie farther from it than its nearest BM25 "
+            "neighbour."
+        )
+    elif loss.get("lam"):
+        terms.append(
+            f"The paper's hinge (weight {loss['lam']:g}, margin {loss['margin']:g}) asks the "
+            "student to separate each edit at least as much as the teacher does."
+        )
+    if loss.get("perturb_weight"):
+        terms.append("The distance to the teacher's vector is kept, for passages and their edits.")
+    if loss.get("structure_weight"):
+        terms.append(
+            f"A term (weight {loss['structure_weight']:g}) keeps the batch's passage-to-passage "
+            "similarities."
+        )
+    if loss.get("contrastive_weight"):
+        terms.append(
+            f"An in-batch contrastive term (weight {loss['contrastive_weight']:g}, temperature "
+            f"{loss['contrastive_temperature']:g}) asks each question to find its own passage."
+        )
+    if loss.get("query_weight"):
+        terms.append(
+            f"A term (weight {loss['query_weight']:g}) keeps the teacher's question-to-passage "
+            "similarities."
+        )
+    if loss.get("query_align_weight"):
+        terms.append(
+            f"A term (weight {loss['query_align_weight']:g}) aligns the student's question "
+            "vectors with the teacher's."
+        )
+    count = {1: "one term", 2: "two terms", 3: "three terms", 4: "four terms"}.get(
+        len(terms), f"{len(terms)} terms"
+    )
+    return f"Step 2's loss has {count}. " + " ".join(terms)
+
+
 def _training_sentences(spec: dict, root: Path) -> list[str]:
     """How it was trained, in short sentences, from the run's and its twin's config.json and
     summary.json (and the passage count the run's own card recorded)."""
@@ -615,22 +677,15 @@ def _training_sentences(spec: dict, root: Path) -> list[str]:
         "distance to the teacher's vector (LEAF), for each passage and for its numeric "
         "perturbation.",
         f"Step 2: {steps:,} steps of batch {config['batch_size']} on the {passages} that carry a "
-        'question generated offline from their own text (e.g. "How much did operating cash '
-        'flows change in 2015?").',
-        "Step 2's loss has three terms. A hinge (weight "
-        f"{loss['lam']:g}, margin {loss['margin']:g}) asks that a passage's one-number, unit or "
-        "direction-word edit lie farther from it than its nearest BM25 neighbour. A term (weight "
-        f"{loss['structure_weight']:g}) keeps the batch's passage-to-passage similarities. An "
-        f"in-batch contrastive term (weight {loss['contrastive_weight']:g}, temperature "
-        f"{loss['contrastive_temperature']:g}) asks each question to find its own passage.",
-        "The edits change a number by x10 or /10, flip a direction word that governs an amount "
-        "(drawn 3x as often), or swap a scale word"
+        "question generated offline from their own text"
         + (
-            " (every scale for every other, both ways)"
-            if prepare.get("scale_swaps") == "all"
-            else ""
+            ", naming the filing's company and fiscal period"
+            if prepare.get("query_style") == "filing"
+            else ' (e.g. "How much did operating cash flows change in 2015?")'
         )
         + ".",
+        step2_loss(loss),
+        edits_sentence(prepare),
         f"AdamW, learning rate {config['optim']['lr']:g}, {config['data']['max_length']}-token "
         f"passages, seed {config['seed']}, float32.",
         "FinanceBench's evaluation filings were left out of training; NumGap's records come from "
