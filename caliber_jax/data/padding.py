@@ -180,34 +180,44 @@ def row_ladder(needed: Sequence[int], *, rungs: int, worst: int, multiple: int) 
     return tuple(sorted({*chosen, top}))
 
 
-def central_first_order(values: Sequence[int], steps: int) -> np.ndarray:
-    """An order of an epoch's batches that leads with `steps` batches of about one size.
+def central_first_order(
+    values: Sequence[int], steps: int, *, ladder: Sequence[int]
+) -> tuple[np.ndarray, int]:
+    """An order of an epoch's batches that leads with up to `steps` batches of about one size.
 
-    The `steps` batches whose value (e.g. the rows a batch packs into) lies closest to the epoch's
-    most common value (ties: the value met first) come first, in their order; every other batch
-    follows in its order. Each batch is still met once per epoch. Of two batches as far from it,
-    the smaller value leads (it raises no row count), then the earlier batch. With the first
-    step's program built, the others compile while those steps run (`compile_ahead`), instead of
-    the second step waiting for its shape's.
+    Each batch's value (e.g. the rows it packs into) takes a rung of `ladder` (`bucket_for`). The
+    leaders are batches of the most common rung (ties: the one met first), at most `steps` of
+    them: those whose value lies closest to that rung's most common value (of two as far, the
+    smaller, then the earlier batch). They come first, in their order; every other batch follows
+    in its order. Each batch is still met once per epoch. With the first step's program built, the
+    others compile while those steps run (`compile_ahead`), instead of the second step waiting
+    for its shape's.
 
     Args:
       values: one int per batch (its size), in order.
-      steps: how many batches lead (all of them if the epoch has fewer).
+      steps: how many batches lead at most (fewer if the common rung has fewer).
+      ladder: the rungs that group the values.
 
     Returns:
-      [len(values)] int64: position i of the new order takes batch order[i].
+      (order, leaders): [len(values)] int64, position i of the new order takes batch order[i];
+      how many batches lead.
     """
     if steps < 0:
         raise ValueError(f"steps={steps} must be >= 0")
     values = [int(value) for value in values]
     if not values or steps == 0:
-        return np.arange(len(values), dtype=np.int64)
-    counts = collections.Counter(values)  # in the order first met: max keeps the first of a tie
-    common = max(counts, key=counts.__getitem__)
-    ranked = sorted(range(len(values)), key=lambda i: (abs(values[i] - common), values[i], i))
-    lead = sorted(ranked[:steps])
+        return np.arange(len(values), dtype=np.int64), 0
+    rungs = [bucket_for(value, ladder) for value in values]
+    # Counters keep the order first met: max keeps the first of a tie.
+    rung = max(collections.Counter(rungs).items(), key=lambda item: item[1])[0]
+    members = [i for i in range(len(values)) if rungs[i] == rung]
+    counts = collections.Counter(values[i] for i in members)
+    center = max(counts, key=counts.__getitem__)
+    members.sort(key=lambda i: (abs(values[i] - center), values[i], i))
+    lead = sorted(members[:steps])
     chosen = set(lead)
-    return np.asarray(lead + [i for i in range(len(values)) if i not in chosen], dtype=np.int64)
+    rest = [i for i in range(len(values)) if i not in chosen]
+    return np.asarray(lead + rest, dtype=np.int64), len(lead)
 
 
 # Encoding pads to the same short geometric ladder as training: one compiled program per rung,

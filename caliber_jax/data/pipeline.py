@@ -386,14 +386,14 @@ def make_batch_fn(
         epoch 0 meets at most `pack_rungs` shapes), then a fallback of 2b rows (b = B / P: one
         sequence per row), which any batch fits, for a later epoch's batch that needs more
         rows than any of epoch 0's.
-      pack_first_steps: the packed layout's epoch 0 starts with this many batches of about one
-        size, all at one row count, so that the other counts' programs compile while those steps
-        run (`compile_ahead`) instead of a step waiting for them: the batches whose packing as
-        one whole batch needs about the most common row count (`padding.central_first_order`:
-        they move ahead, every other batch keeps its order after them), which depends on the data
-        and the seed alone (the same order on any devices and processes); each takes the largest
-        rung any of them needs here. Later epochs keep their shuffled order. 0 = epoch 0's plain
-        order.
+      pack_first_steps: the packed layout's epoch 0 starts with up to this many batches of about
+        one size, all at one row count, so that the other counts' programs compile while those
+        steps run (`compile_ahead`) instead of a step waiting for them. They are chosen by their
+        packing as one whole batch, so the order depends on the data and the seed alone (the
+        same on any devices and processes): batches of that packing's most common rung, closest
+        to its most common row count first (`padding.central_first_order`: they move ahead,
+        every other batch keeps its order after them); each takes the largest rung any of them
+        needs here. Later epochs keep their shuffled order. 0 = epoch 0's plain order.
       process_rows: [process_count, b] global batch positions of each process's rows, as the
         device mesh places them (`sharding.process_batch_rows`); None = contiguous blocks in
         process order. Process p reads the planned batch's rows at process_rows[p], so the
@@ -475,18 +475,23 @@ def make_batch_fn(
         if pack_first_steps:
             # Which batches lead depends on the data and the seed alone, never on the devices or
             # processes (they change the row counts: `pack_rows_multiple`, each process packing
-            # its share), so a run resumed on another topology meets the same order: those whose
-            # packing as one whole batch needs about the most common row count. The ladder does
-            # not depend on the order (every batch of epoch 0 counts once).
+            # its share), so a run resumed on another topology meets the same order: the batches
+            # packed as one whole batch (one process, rows a multiple of 1) that take its ladder's
+            # most common rung, closest to that rung's most common row count first. The ladder
+            # does not depend on the order (every batch of epoch 0 counts once).
             whole = [load_batch.whole_rows_needed(step) for step in range(per_epoch)]
-            order = padding.central_first_order(whole, pack_first_steps)
-            leading = order[:pack_first_steps]
+            whole_ladder = padding.row_ladder(
+                whole, rungs=pack_rungs, worst=2 * batch_size, multiple=1
+            )
+            order, leaders = padding.central_first_order(
+                whole, pack_first_steps, ladder=whole_ladder
+            )
             load_batch.first_epoch_order = order
             # On this topology they may fall on neighbouring rungs: all take the largest of them,
             # so the first steps share one program.
-            load_batch.first_steps = len(leading)
+            load_batch.first_steps = leaders
             load_batch.first_rows = max(
-                padding.bucket_for(needed[i], load_batch.pack_ladder) for i in leading
+                padding.bucket_for(needed[i], load_batch.pack_ladder) for i in order[:leaders]
             )
     return load_batch
 

@@ -106,22 +106,28 @@ def test_row_ladder_checks():
 
 def test_central_first_order_leads_with_batches_of_about_the_most_common_size():
     sizes = [13, 11, 17, 11, 13, 11, 17, 11]
-    order = padding.central_first_order(sizes, 3)
+    order, leaders = padding.central_first_order(sizes, 3, ladder=(11, 13, 17))
     # The first three 11s (positions 1, 3, 5), then everything else in its order.
     np.testing.assert_array_equal(order, [1, 3, 5, 0, 2, 4, 6, 7])
-    assert [sizes[i] for i in order[:3]] == [11, 11, 11]
-    # More steps than the common size has batches: the closest sizes fill the rest, the smaller
-    # of two as close first (9 before 13); the leaders keep their order.
-    np.testing.assert_array_equal(
-        padding.central_first_order([13, 11, 9, 11, 13, 11], 5), [0, 1, 2, 3, 5, 4]
-    )
-    np.testing.assert_array_equal(
-        padding.central_first_order([9, 11, 13, 11, 10, 11], 4), [1, 3, 4, 5, 0, 2]
-    )
-    # A tie goes to the size met first; 0 steps keep the order; all steps: the plain order.
-    np.testing.assert_array_equal(padding.central_first_order([2, 1, 1, 2], 1), [0, 1, 2, 3])
-    np.testing.assert_array_equal(padding.central_first_order([2, 1, 1, 2], 2), [0, 3, 1, 2])
-    np.testing.assert_array_equal(padding.central_first_order(sizes, 0), np.arange(8))
-    np.testing.assert_array_equal(padding.central_first_order(sizes, 8), np.arange(8))
+    assert leaders == 3 and [sizes[i] for i in order[:3]] == [11, 11, 11]
+    # More steps than the common rung has batches: all of them lead, and no other.
+    order, leaders = padding.central_first_order(sizes, 9, ladder=(11, 13, 17))
+    np.testing.assert_array_equal(order, [1, 3, 5, 7, 0, 2, 4, 6])
+    assert leaders == 4
+    # A rung holds several sizes: the leaders are its batches closest to its most common size,
+    # the smaller of two as close first (9 before 13, both in rung 13); 15 is another rung's.
+    sizes = [13, 11, 9, 11, 13, 11, 15, 15]
+    order, leaders = padding.central_first_order(sizes, 4, ladder=(13, 15))
+    np.testing.assert_array_equal(order, [1, 2, 3, 5, 0, 4, 6, 7])
+    assert leaders == 4
+    order, leaders = padding.central_first_order(sizes, 9, ladder=(13, 15))
+    np.testing.assert_array_equal(order, [0, 1, 2, 3, 4, 5, 6, 7])
+    assert leaders == 6
+    # A tie goes to the rung met first; 0 steps keep the order.
+    assert padding.central_first_order([2, 1, 1, 2], 1, ladder=(1, 2))[0].tolist() == [0, 1, 2, 3]
+    assert padding.central_first_order([2, 1, 1, 2], 2, ladder=(1, 2))[0].tolist() == [0, 3, 1, 2]
+    order, leaders = padding.central_first_order(sizes, 0, ladder=(13, 15))
+    np.testing.assert_array_equal(order, np.arange(8))
+    assert leaders == 0
     with pytest.raises(ValueError, match="steps=-1"):
-        padding.central_first_order(sizes, -1)
+        padding.central_first_order(sizes, -1, ladder=(13, 15))

@@ -743,7 +743,7 @@ def test_pack_first_steps_share_one_row_count(corpus, process_count):
         np.testing.assert_array_equal(ordered(step)["index"], plain(step)["index"])
 
 
-@pytest.mark.parametrize("first", [0, 4])
+@pytest.mark.parametrize("first", [0, 4, 100])
 def test_epoch_zero_order_is_the_same_on_any_device_or_process_count(corpus, first):
     """The passages epoch 0 visits, in order, depend on the data and the seed alone: a run on 1
     device, 8 devices (packed rows a multiple of 8) or 2 processes x 2 devices trains the same
@@ -751,9 +751,8 @@ def test_epoch_zero_order_is_the_same_on_any_device_or_process_count(corpus, fir
     a batch. With `pack_first_steps` the first steps still share one row count on each."""
     source = corpus[0]
     geometries = {"1 device": (1, 1), "8 devices": (1, 8), "2 processes x 2": (2, 2)}
-    orders, leading = {}, {}
-    for name, (process_count, multiple) in geometries.items():
-        fns = [
+    batch_fns = {
+        name: [
             packed_batch_fn(
                 source,
                 batch_size=4,
@@ -765,19 +764,27 @@ def test_epoch_zero_order_is_the_same_on_any_device_or_process_count(corpus, fir
             )
             for p in range(process_count)
         ]
-        # The passage indices consumed over epoch 0, padding rows (-1) aside.
-        orders[name] = [
+        for name, (process_count, multiple) in geometries.items()
+    }
+    # The passage indices consumed over epoch 0, padding rows (-1) aside.
+    orders = {
+        name: [
             int(row)
             for step in range(fns[0].per_epoch)
             for row in np.concatenate([fn(step)["index"] for fn in fns])
             if row >= 0
         ]
-        leading[name] = {fns[0].geometry(step) for step in range(first)}
+        for name, fns in batch_fns.items()
+    }
     assert orders["8 devices"] == orders["1 device"]
     assert orders["2 processes x 2"] == orders["1 device"]
     assert sorted(orders["1 device"]) == list(range(NUM_ROWS))
-    if first:
-        assert all(len(shapes) == 1 for shapes in leading.values()), leading
+    for name, fns in batch_fns.items():
+        leaders = fns[0].first_steps
+        assert len({fns[0].geometry(step) for step in range(leaders)}) <= 1, name
+        # Up to `first` lead, and with 100 asked (more than the common rung has) only that
+        # rung's batches: the rest of the epoch is not padded to their row count.
+        assert leaders <= first and leaders < fns[0].per_epoch and (first == 0 or leaders > 1)
 
 
 def test_pack_first_steps_checks(corpus):
