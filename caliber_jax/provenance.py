@@ -1,7 +1,7 @@
 """Where a recorded result came from: git commit, config and data hashes, machine, date.
 
 Every results file `evaluate` writes carries a `provenance` block, and the study scripts stamp
-the copies they record under docs/. A later run restores a recorded result only when its config
+the copies they record under records/. A later run restores a recorded result only when its config
 and data hashes equal the run's own (`check`); a restored result keeps its block with
 `restored: true`, and `mark` puts that in every table row it reaches. Records made before these
 fields existed say "unknown" for what cannot be established; they are refused unless the user
@@ -26,9 +26,9 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 def git_commit(repo: str | os.PathLike = _REPO) -> str:
-    """The checkout's HEAD commit (short), '+dirty' when files outside docs/ differ from it:
+    """The checkout's HEAD commit (short), '+dirty' when files outside docs/ and records/ differ:
     tracked files edited, or new files the checkout does not ignore (a module not yet committed).
-    A study writing its records into docs/ does not change the code that made them, nor do
+    A study writing its records into records/ does not change the code that made them, nor do
     ignored run folders and caches. UNKNOWN outside a git checkout (an installed wheel)."""
     git = dict(cwd=repo, check=True, capture_output=True, text=True)
     try:
@@ -40,7 +40,8 @@ def git_commit(repo: str | os.PathLike = _REPO) -> str:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], **git).stdout.strip()
         # Untracked files count too (`--porcelain` lists them, less what .gitignore ignores).
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=normal", "--",
-                                ".", ":(exclude)docs"], **git).stdout.strip()  # fmt: skip
+                                ".", ":(exclude)docs", ":(exclude)records"],
+                               **git).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return UNKNOWN
     return head + ("+dirty" if dirty else "")

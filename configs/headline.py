@@ -1,10 +1,10 @@
-"""The headline student (issue #37): all-MiniLM-L6-v2 + a fitted W_out, distilled from
+"""The headline student: all-MiniLM-L6-v2 + a fitted W_out, distilled from
 all-mpnet-base-v2 while the numeric objective separates x from pi(x).
 
     python scripts/study.py --preset headline --seeds 0,1 --restore_unverified \
-        --filings ../shared/data/financebench/filings.jsonl.gz  # 2,000 steps: CPU days, resumable
+        --filings data/financebench/filings.jsonl.gz  # 2,000 steps: CPU days, resumable
     python scripts/study.py --preset headline-verify \
-        --filings ../shared/data/financebench/filings.jsonl.gz       # the same at a small size
+        --filings data/financebench/filings.jsonl.gz       # the same at a small size
 
 The student and its start are the long mpnet study's (`configs/study_mpnet.py:long`: full MiniLM,
 W_out 384 -> 768 fitted by least squares to the teacher, 20,000 passages of the training filings
@@ -29,13 +29,13 @@ at most 3 row counts, gradients and update in one program per row count; the rec
 
 Variant `verify`: the same recipe at a size two CPU cores run in 32 minutes from a fresh clone
 where they have bfloat16 instructions (dtype `auto`), 42 in float32 elsewhere (teacher vectors and
-XLA compiles included; issue #57 asks ~30): 1,600 passages, 200 steps, a
+XLA compiles included; the budget is ~30): 1,600 passages, 200 steps, a
 260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps (`--preset
 headline-verify` runs the twin, then `mined` and the full-size dev choice `minednum,c1,scales`
 side by side, at this size).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
-(`prepare.polarity_scope`), data in runs/headline_q/data (issue #37: most "above"/"below" pairs
+(`prepare.polarity_scope`), data in runs/headline_q/data (most "above"/"below" pairs
 of the paper's rule are cross-references such as "as indicated above").
 Variant `late`: separate late. The numeric recipe for 400 steps, started from the distilled
 twin's final weights (`variant distill`, 2,000 steps), on the quantity-scope data with polarity
@@ -44,7 +44,7 @@ Variant `late800`: `late` for 800 steps (the pilot of 2026-11-27, 70702d6, chose
 `--preset headline-late800` runs it from the same twins, labelled "Late800";
 `--preset headline-late800-blend` blends each Late800 run with the twin it started from
 (`export --interpolate`, WiSE-FT), the share chosen on NumGap dev, labelled "Blend800".
-Variant `mined` (issue #57): from the twin's export, 800 steps (100 with `verify`) on the
+Variant `mined`: from the twin's export, 800 steps (100 with `verify`) on the
 training passages that get a mined question (`prepare.queries_only`: the mining pipeline's offline
 generator asks about a numeric fact a passage states; FinanceBench's filings excluded as in every
 prepare), LEAF's alignment of x and pi(x) plus the in-batch contrastive term of each question
@@ -78,8 +78,9 @@ from configs import study_mpnet
 
 # Weight of the in-batch contrastive term of the mined variants (loss.contrastive_weight): 1 for
 # both, chosen on the dev sets alone from 0.1 and 1 (`--preset headline-mined-pilot-verify`,
-# docs/study_mined_verify/mined_pilots/): mined-dev nDCG@10 0.839 against 0.769 for the mined data
-# alone, 0.857 against 0.702 with the numeric recipe at NumGap dev D 0.123 (the late recipe's own).
+# records/study_mined_verify/mined_pilots/): mined-dev nDCG@10 0.839 against 0.769 for the mined
+# data alone, 0.857 against 0.702 with the numeric recipe at NumGap dev D 0.123 (the late
+# recipe's own).
 MINED_CONTRASTIVE_WEIGHT = 1.0
 
 
@@ -130,7 +131,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "minednum" in variants:
         variants.add("mined")
     if "mined" in variants:
-        # Issue #57: from the distilled twin's export (`--preset headline-mined` passes
+        # From the distilled twin's export (`--preset headline-mined` passes
         # --config.model.init_dir), on the training passages that get a mined question (the
         # offline generator of the mining pipeline; FinanceBench's filings excluded as in every
         # prepare), with the late phase's perturbations (quantity-scope polarity, drawn 3x).
@@ -182,14 +183,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.prepare.max_passages = 1600
         # bfloat16 compute where the CPU multiplies it in hardware, float32 elsewhere
         # (`embedder.resolve_dtype_name`): the teacher under autocast, the student with float32
-        # products, norms and master weights (the paper's mixed precision). Issue #57's time
+        # products, norms and master weights (the paper's mixed precision). The ~30-minute time
         # budget, not a dev choice.
         config.teacher.dtype = "auto"
         config.model.dtype = "auto"
         config.prepare.max_val_passages = 128
         config.prepare.numgap_quotas_test = {"magnitude": 100, "polarity": 100, "unit": 60}
         config.prepare.numgap_quotas_dev = {"magnitude": 25, "polarity": 25, "unit": 15}
-        # 50 steps per epoch at batch 32. The sizes are issue #57's budget (the preset in about
+        # 50 steps per epoch at batch 32. The sizes are the ~30-minute budget (the preset in about
         # 30 minutes on 2 CPU cores from a fresh clone), not a dev choice: the twin 200 steps,
         # each phase 100 (at the earlier size, 300 and 150: 52 minutes; there the late phase's
         # 150 steps were the NumGap dev choice over 60, dev D 0.123 against 0.015, 70702d6).
@@ -200,7 +201,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.checkpoint_every = 25
     if "scales" in variants:
         # Every scale swap both ways (perturb.SCALE_SETS "all": billion <-> thousand too), in
-        # training, validation and NumGap: issue #57's check found students that separate
+        # training, validation and NumGap: a check found students that separate
         # "million" replaced and not "billion" replaced. Its own data folder.
         config.prepare.scale_swaps = "all"
         config.data.dir += "_scales"

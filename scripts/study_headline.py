@@ -1,21 +1,21 @@
-"""The headline study (issue #37), run by `scripts/study.py --preset headline[-verify]`; resumable.
+"""The headline study, run by `scripts/study.py --preset headline[-verify]`; resumable.
 
     python scripts/study.py --preset headline --seeds 0,1 \
-        --filings ../shared/data/financebench/filings.jsonl.gz
+        --filings data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
-        --filings ../shared/data/financebench/filings.jsonl.gz          # 32-42 min on 2 CPU cores
+        --filings data/financebench/filings.jsonl.gz          # 32-42 min on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
-        --filings ../shared/data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
+        --filings data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
     python scripts/study.py --preset headline-late --seeds 0,1 --filings ...  # separate late
-    python scripts/study.py --preset headline-mined-pilot-verify --filings ...  # issue #57's choice
+    python scripts/study.py --preset headline-mined-pilot-verify --filings ...  # the dev choice
     python scripts/study.py --preset headline-minednum --seeds 0,1 --filings ...  # mined + numeric
 
 Stages (each skips what is done, so rerunning the command continues a killed run): fetch
 all-mpnet-base-v2, prepare (`configs/headline.py`), teacher vectors of x, pi(x) and the training
 questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test, every model at
 256 tokens) -> model card. `headline` scores NumGap on the long mpnet study's recorded test set
-(docs/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
+(records/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
 all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined phase and the chosen mined +
@@ -25,9 +25,10 @@ the mined and the earlier mined + numeric phase (`BEYOND_PHASES`) at full size.
 (same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
 chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
 `headline-late` runs the numeric recipe after the twin (`run_phases`). Finished evaluations and the
-report go to `--record` (default: `default_record`, e.g. docs/study_headline/, docs/study_verify/
-for the verify presets, docs/study_mined/ for headline-beyond, docs/study_mined_pilot/ for
-headline-mined-pilot and headline-chosen), since run folders do not outlive their machine.
+report go to `--record` (default: `default_record`, e.g. records/study_headline/,
+records/study_verify/ for the verify presets, records/study_mined/ for headline-beyond,
+records/study_mined_pilot/ for headline-mined-pilot and headline-chosen), since run folders do not
+outlive their machine.
 """
 
 import functools
@@ -61,12 +62,12 @@ from configs import demo  # noqa: E402
 
 CONFIG = "configs/headline.py"
 EVAL_MAX_LENGTH = 256  # the long mpnet study's token limit for every model
-LONG_RECORD = REPO / "docs" / "study_mpnet_long"
+LONG_RECORD = REPO / "records" / "study_mpnet_long"
 # The rows this study is compared with: the long study's records and the short study's plain
 # all-MiniLM-L6-v2 ("Initial t384 s0": MiniLM itself, no W_out), all scored on the same NumGap
 # records at 256 tokens (their per-record ids agree, checked by `numgap_rules.per_rule`).
 RECORDED_ROWS = {
-    "Initial t384 s0": REPO / "docs/study_mpnet/results/Initial_t384_s0",
+    "Initial t384 s0": REPO / "records/study_mpnet/results/Initial_t384_s0",
     **{label: LONG_RECORD / "results" / evaluate.slug(label)
        for label in ("Teacher", "Initial lp long s0", "LEAF lp long s0", "LEAF lp long s1",
                      "Caliber lp long s0", "Caliber lp long s1")},
@@ -98,7 +99,7 @@ PILOTS = {
 # towards the teacher, so the smallest share that keeps the separation is the one that keeps most
 # of it.
 SOUP_SHARES = (0.25, 0.5, 0.75)
-SOUP_TARGET_D = 0.25  # issue #37's NumGap-D target
+SOUP_TARGET_D = 0.25  # the blend's NumGap-D target
 
 
 def soup_label(share: float | None, seed: int) -> str:
@@ -201,7 +202,7 @@ def recorded_row_refusal(directory: Path, *, data: str, restore_unverified: bool
 def load_results(directory: Path, *, restored: bool = False) -> dict:
     """A model's results files (one per task group) merged into one row, per-query values too,
     with each file's provenance block kept under its task group. `restored`: the files are
-    records (docs/), not computed by this run, and every table marks the row so."""
+    records (records/), not computed by this run, and every table marks the row so."""
     row: dict = {}
     per_query: dict = {}
     blocks: dict = {}
@@ -230,8 +231,9 @@ def stage_args(args, data: Path, variant: str = "") -> list[str]:
 
 
 def record_dir(args, name: str) -> Path | None:
-    """Where finished results are recorded: `--record`, default docs/study_<name>/ ("" = none)."""
-    return None if args.record == "" else Path(args.record or REPO / "docs" / f"study_{name}")
+    """Where finished results are recorded: `--record`, default records/study_<name>/ ("" =
+    none)."""
+    return None if args.record == "" else Path(args.record or REPO / "records" / f"study_{name}")
 
 
 def eval_args(args, numgap_path: Path) -> list[str]:
@@ -720,27 +722,27 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
 
 
 # The phases `--preset headline-verify` runs from its twin, and `--preset headline-beyond` from
-# each 2,000-step twin (issue #57): the mined data alone and the mined data with the numeric
+# each 2,000-step twin: the mined data alone and the mined data with the numeric
 # recipe. Since 2026-11-30 the verification preset's numeric phase is the recipe the full-size
 # dev choice chose (`minednum,c1,scales`: every scale swap both ways, docs/results.md); before,
-# `minednum` (records up to 9677986 in docs/study_verify/*_clone/). The late recipe alone left the
-# verification preset on 2026-11-29 (about 9 of its minutes; Minednum is the late recipe plus the
-# mined data): `--preset headline-late-verify` runs it (records in docs/study_verify/,
-# `default_record`); docs/study_mined_verify/ keeps its rows of the earlier size (300 and 150
+# `minednum` (records up to 9677986 in records/study_verify/*_clone/). The late recipe alone left
+# the verification preset on 2026-11-29 (about 9 of its minutes; Minednum is the late recipe plus
+# the mined data): `--preset headline-late-verify` runs it (records in records/study_verify/,
+# `default_record`); records/study_mined_verify/ keeps its rows of the earlier size (300 and 150
 # steps).
 VERIFY_PHASES = ("mined", "minednum,c1,scales")
 BEYOND_PHASES = ("mined", "minednum")
-BEYOND_RECORD = REPO / "docs" / "study_mined"  # `--preset headline-beyond`'s default `--record`
+BEYOND_RECORD = REPO / "records" / "study_mined"  # `--preset headline-beyond`'s default `--record`
 # `--preset headline-verify`'s default `--record` since its 2026-11-29 size (twin 200 steps,
-# phases 100); docs/study_mined_verify/ keeps the earlier size's (300 and 150 steps).
-VERIFY_RECORD = REPO / "docs" / "study_verify"
+# phases 100); records/study_mined_verify/ keeps the earlier size's (300 and 150 steps).
+VERIFY_RECORD = REPO / "records" / "study_verify"
 # The full-size dev choice's default `--record` (its twin is named as the other studies' twins).
-MINED_PILOT_RECORD = REPO / "docs" / "study_mined_pilot"
+MINED_PILOT_RECORD = REPO / "records" / "study_mined_pilot"
 
 
 def default_record(preset: str) -> Path | None:
-    """Where a headline preset records by default (`record_dir` when None: docs/study_headline/
-    at full size, docs/study_headline_verify/ at the verification size). The presets that train
+    """Where a headline preset records by default (`record_dir` when None: records/study_headline/
+    at full size, records/study_headline_verify/ at the verification size). The presets that train
     the verification size's twin and phases record with `headline-verify`, the full-size mined
     phases with `headline-beyond`, the full-size pilot on its own, so no preset overwrites another
     study's rows of the same label; the seeds of the full-size choice (`headline-chosen`)
@@ -757,8 +759,8 @@ def default_record(preset: str) -> Path | None:
 
 
 # The full-size rows `--preset headline-beyond` compares with that it does not train again: the
-# late numeric recipe of the same twins' recipe (800 steps; docs/study_headline/), restored.
-LATE800_ROWS = {label: REPO / "docs/study_headline/results" / evaluate.slug(label)
+# late numeric recipe of the same twins' recipe (800 steps; records/study_headline/), restored.
+LATE800_ROWS = {label: REPO / "records/study_headline/results" / evaluate.slug(label)
                 for label in ("Late800 lp long s0", "Late800 lp long s1")}  # fmt: skip
 
 
@@ -808,7 +810,7 @@ def phase_set(verify: bool) -> tuple[str, ...]:
     return VERIFY_PHASES if verify else BEYOND_PHASES
 
 
-# `--preset headline-mined-pilot[-verify]` (issue #57): candidates of the mined phase, each from
+# `--preset headline-mined-pilot[-verify]`: candidates of the mined phase, each from
 # the seed-0 twin for the phase's steps, scored on the dev sets alone: the mined dev set
 # (`prepare.mined_dev`: generated questions of held-out filings, FinanceBench's format) and NumGap
 # dev. `configs/headline.py` variant -> label; `c<weight>` is the contrastive weight.
@@ -826,7 +828,7 @@ MINED_PILOT_GROUPS = ("minednum", "mined")
 # minus the NumGap test anchors.
 SCALES_DEV_PER_RULE = 40
 # The floor for the numeric candidates: the late numeric recipe's own NumGap dev D from the same
-# twin (what the mined term must not take away). It replaced issue #57's absolute 0.30 on
+# twin (what the mined term must not take away). It replaced the absolute 0.30 on
 # 2026-11-29, after three of the four verification-size candidates were scored: at that size
 # the late recipe itself reaches 0.12 on dev, so no candidate could reach 0.30. Without a late
 # run, 0.30.
