@@ -22,8 +22,14 @@ SCHEMA = {
     "text": str,
 }
 PAGES = {
-    "ACME_2022_10K": [["ACME CORP FORM 10-K", "Revenue was $1,234.5 million (up 3%)."], ["Page 2"]],
+    "ACME_2022_10K": [["ACME CORP FORM 10-K", "Revenue was $1,234.5 million (up 3%)."],
+                      ["Page 2  ", " ", " ", "end"]],
     "ACME_2023Q1_10Q": [["Net income: 42 (in millions)"], [], ["Item 4. Controls"]],
+}  # fmt: skip
+# Their text: no space at line ends, blank-only lines dropped, one form feed ends each page.
+TEXTS = {
+    "ACME_2022_10K": "ACME CORP FORM 10-K\nRevenue was $1,234.5 million (up 3%).\fPage 2\nend\f",
+    "ACME_2023Q1_10Q": "Net income: 42 (in millions)\f\fItem 4. Controls\f",
 }
 
 
@@ -112,9 +118,7 @@ def test_records_round_trip_text_fields_and_schema(release, tmp_path):
     for record in records:
         assert list(record) == list(SCHEMA)
         assert {k: type(v) for k, v in record.items()} == SCHEMA
-        # One form feed after each page, empty pages included, as pdftotext writes them.
-        pages = record["text"].split("\f")
-        assert pages[-1] == "" and pages[:-1] == ["\n".join(p) for p in PAGES[record["doc_name"]]]
+        assert record["text"] == TEXTS[record["doc_name"]]
     ten_k, ten_q = records
     assert (ten_k["doc_type"], ten_k["doc_period"], ten_k["company"]) == ("10k", 2022, "Acme")
     assert not ten_k["financebench_eval_doc"] and ten_q["financebench_eval_doc"]
@@ -145,12 +149,17 @@ def test_a_missing_pdf_is_named_and_nothing_is_written(release, tmp_path):
 
 def test_an_unreadable_pdf_is_named_and_nothing_is_written(release, tmp_path):
     broken = release / "pdfs" / "ACME_2022_10K.pdf"
-    broken.write_bytes(b"%PDF-1.4\nthis is not a PDF body\n")
+    broken.write_bytes(pdf_bytes(PAGES["ACME_2022_10K"])[:-60])  # cut short, as one in the release
     output = tmp_path / "filings.jsonl.gz"
-    with pytest.raises(ValueError, match=rf"^{broken}: cannot be read as a PDF \(") as error:
+    message = rf"^{broken}: cannot be read as a PDF \(.*\); pass --skip_unreadable to leave it out$"
+    with pytest.raises(ValueError, match=message):
         _build(release, output, skip_missing=True)
-    assert "\n" not in str(error.value)
     assert list(tmp_path.iterdir()) == [release]  # no output, no temporary file
+    notes = []
+    summary = _build(release, output, skip_missing=True, skip_unreadable=True, log=notes.append)
+    assert summary["unreadable"] == ["ACME_2022_10K"] and summary["filings"] == 1
+    assert notes[-1].startswith(f"{broken}: cannot be read as a PDF (") and "left out" in notes[-1]
+    assert [r["doc_name"] for r in corpus.load_records(output)] == ["ACME_2023Q1_10Q"]
 
 
 def test_a_bad_document_information_line_is_named(release, tmp_path):
@@ -178,4 +187,5 @@ def test_command_builds_from_a_release_folder(release, tmp_path):
                            check=False)  # fmt: skip
     assert built.returncode == 0, built.stderr[-2000:]
     assert built.stdout.startswith(f"{output}: 2 filings, ")
+    assert built.stdout.rstrip().endswith("(1 listed PDFs absent, 0 unreadable)")
     assert len(list(corpus.load_records(output))) == 2
