@@ -1,4 +1,4 @@
-"""One GPU run's figures for the real job (issues #35, #55), as one JSON file grown part by part.
+"""One GPU run's figures for the real job, as one JSON file grown part by part.
 
     python benchmarks/device_report.py --out runs/device_report.json   # via gpu_on_device.sh
     CALIBER_DEVICE_REHEARSAL=1 python benchmarks/device_report.py --out /tmp/r.json   # CPU, tiny
@@ -13,7 +13,7 @@ subprocess under its own time limit and all of them under `--limit-s`:
     seeded: timing only) as .npy and imported with `caliber_jax.embed_teacher --import_x
     --import_px`, the import path a user with vectors computed elsewhere takes.
   train_epoch: `python -m caliber_jax.train --config configs/caliber.py` over that split, launch
-    to exit (issue #55 part 6): wall seconds, the first step's time after launch, XLA compile
+    to exit: wall seconds, the first step's time after launch, XLA compile
     seconds in total (train's own `compile:` line), the steady step (median over the logged
     windows after the first), real tokens per second and MFU over the whole epoch and over its
     steady steps; metrics.jsonl and the log are kept. Cut short by its limit, it reports the
@@ -29,20 +29,20 @@ subprocess under its own time limit and all of them under `--limit-s`:
   student_torch: the same step beside, on the same passages (padded: PyTorch has no packed
     path), PyTorch eager and PyTorch under `torch.compile` (`TORCH_COMPILE`, default
     reduce-overhead: CUDA graphs of the fixed shapes), SDPA, fused AdamW, bf16 autocast over
-    float32 weights; `ratio_jax_over_torch` is against the faster PyTorch row (issue #55 part 4).
+    float32 weights; `ratio_jax_over_torch` is against the faster PyTorch row.
   student_packed_16k: the same step at >= 16K real tokens per step (112 passages), JAX only,
-    with its profile (issue #55 part 2): another batch, so another program, compiled here (with
+    with its profile: another batch, so another program, compiled here (with
     the epoch's cache directory, XLA's per-fusion autotuning results are shared).
   student_autotune0: student_packed's JAX step compiled again with `--xla_gpu_autotune_level=0`
     in a cache of its own, JAX only: its compile seconds against the same program's build at the
     default level in the epoch (train_epoch's `first_program_compile_s`: the first step's
     program, built alone into a cold cache) and its step time against student_packed's (the
-    autotuner's trade, issue #55 part 3).
+    autotuner's trade).
   teacher_8b_encode: `benchmarks/encode_throughput.py --preset gpu-qwen3-8b-encode` (random
     Qwen3-Embedding-8B-shaped weights, bf16, JAX only) over 10,240 real passages through
     `Embedder.encode_ids`, the length-sorted, bucket-padded batches `embed_teacher` runs (a
     warm-up pass compiles every bucket, then one timed pass): texts/s, MFU on real tokens and
-    the hours projected for the paper's 839K texts (issue #55 part 5).
+    the hours projected for the paper's 839K texts.
   worst_shape_compile: `benchmarks/compile_real_shape.py` for the epoch's largest batch: XLA's
     compile seconds and buffer assignment of the step, layers scanned and unrolled.
   attention_gpu_test: `tests/models/test_attention_gpu.py -k packed`: cuDNN's fused attention on
@@ -105,7 +105,7 @@ STUDENT_PARTS = {
     "student_packed_16k": dict(batch=112, profile=True),
     "student_torch": dict(batch=None, torch=True),
     # The epoch's step again, compiled with XLA's GPU autotuner off (a cache of its own): the
-    # compile seconds it saves against the step time it costs (issue #55 part 3).
+    # compile seconds it saves against the step time it costs.
     "student_autotune0": dict(batch=None, xla_flags="--xla_gpu_autotune_level=0",
                               cache="xla_cache_autotune0"),
 }  # fmt: skip
@@ -167,7 +167,7 @@ SIZES = {
         ["--max-length", "64", "--batch-size", "16", "--passages", "48", "--repeats", "1",
          "--record-stride", "1", "--peak-flops", "1e12"]
         if REHEARSAL
-        # >= 10K real passages (issue #55 part 5) from the carried training split: every 12th
+        # >= 10K real passages from the carried training split: every 12th
         # of its 144,696 passages.
         else ["--passages", "10240", "--repeats", "1", "--record-stride", "12"]
     ),

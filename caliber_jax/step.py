@@ -125,7 +125,7 @@ def vectors_loss(
     """The objective on the student's [B, E] vectors of x and pi(x) and the batch's teacher rows.
 
     Eq. 4 (`losses.caliber_loss`), or with another `objective`, `perturb_weight` or
-    `structure_weight` the issue #16 objectives of `losses.calibration_loss`; plus, with
+    `structure_weight` the numeric objectives of `losses.calibration_loss`; plus, with
     `query_weight` > 0, `query_weight` times `losses.query_geometry_loss` of the student's query
     vectors `s_q` [B, E] against every x and pi(x) of the batch, or with `query_passages="x"`
     against the x rows only, leaving pi(x) free to move (part "query": its mean over the rows
@@ -133,7 +133,7 @@ def vectors_loss(
 
     With `contrastive_weight` > 0, also `contrastive_weight` times the in-batch contrastive loss
     (`losses.contrastive_loss` at `contrastive_temperature`) of each row's mined question against
-    the batch's x rows, its own x the positive (issue #57). `contrastive_judge` "teacher" keeps a
+    the batch's x rows, its own x the positive. `contrastive_judge` "teacher" keeps a
     question only where the teacher ranks its passage first in the batch (the embedding judge of
     the mining pipeline, applied to in-batch candidates); "none" keeps every question. Parts
     "contrastive" (mean over the kept questions), "contrastive_acc" (the student's in-batch
@@ -227,7 +227,7 @@ def _pair_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`vectors_loss` without the query term: eq. 4 or `losses.calibration_loss`."""
     if objective != "caliber" or perturb_weight != 1.0 or structure_weight:
-        # Issue #16 objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
+        # The numeric objectives; the neighbour rows come from `teacher_nb` / `has_nb`.
         return losses.calibration_loss(
             s_x,
             s_px,

@@ -106,9 +106,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # smallest rung that holds it: an epoch compiles at most pack_rungs step programs (a later
     # epoch's batch that needs more rows than any of epoch 0's takes the fallback).
     config.data.pack_rungs = 3
-    # Epoch 0 starts with this many batches of its most common row count (the others follow in
-    # their shuffled order), so that compile-ahead builds the other counts' programs while those
-    # steps run rather than a step waiting for one (pipeline.make_batch_fn). On one NVIDIA H200
+    # Epoch 0 starts with this many batches of about its most common row count, in the same
+    # order on any devices or processes (the others follow in their shuffled order), so that
+    # compile-ahead builds the other counts' programs while those steps run rather than a step
+    # waiting for one (pipeline.make_batch_fn). On one NVIDIA H200
     # (2026-11-29, 4a6f2a7, plain order): the epoch's second batch waited ~47 s for its program;
     # the shared filings' epoch has 2,823 batches of 11 rows, 1,470 of 13 and 228 of 17, and
     # 800 steps are ~60 s at that run's mean of 0.086 s a step.
@@ -184,7 +185,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # real tokens per update either raises batch_size (e.g. --config.batch_size=96: 3x the
     # passages per step and per program, the loss of eq. 4 over all of them) or keeps the
     # paper's batch per step and sums accum_steps of them into one update (accum_steps = 3: the
-    # update of the 96-passage batch, up to float rounding; tests/test_step.py). total_steps,
+    # update of the 96-passage batch only for per-row terms, reduction "batch" without padding
+    # rows; the structure, query, contrastive and question-alignment terms and "per_term" differ,
+    # tests/test_accumulation.py). Accumulation does not raise tokens per program. total_steps,
     # logging and checkpoints count batches; the lr schedule counts updates.
     config.optim.accum_steps = 1
 
