@@ -1,4 +1,5 @@
-"""What every entry point shares: quiet logs, the persistent XLA compilation cache, one-line errors.
+"""What every entry point shares: quiet logs, the persistent XLA compilation cache and what it
+compiled, one-line errors.
 
     if __name__ == "__main__":
         ...DEFINE flags...
@@ -9,12 +10,13 @@ Flags added here (only when `run` is called, so tests can import entry-point mod
 error instead of one line). absl's `--verbosity` turns INFO logging back on.
 """
 
+import itertools
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from absl import app, flags, logging
@@ -141,6 +143,63 @@ class CompileStats:
 
 
 COMPILE_STATS = CompileStats()
+
+
+def startup_line(marks: list[tuple[str, float]], stats: dict[str, float]) -> str:
+    """One line on where the time from `train()` to the first step's end went: `marks` are
+    (phase, perf_counter at its end) after ("began", t0); the first step's share includes what
+    `COMPILE_STATS.snapshot()` (`stats`) counts so far, summed over threads: XLA compiling or
+    loading programs from the persistent cache, and JAX tracing and lowering (a cache hit still
+    traces and lowers)."""
+    total = marks[-1][1] - marks[0][1]
+    phases = ", ".join(f"{name} {end - begin:.1f} s"
+                       for (_, begin), (name, end) in itertools.pairwise(marks))  # fmt: skip
+    xla = (
+        f"XLA compiling or loading so far: {stats['compile_seconds']:.1f} s; tracing "
+        f"{stats['trace_seconds']:.1f} s, lowering {stats['lower_seconds']:.1f} s; "
+        f"{stats['programs']:.0f} programs, {stats['cache_hits']:.0f} from the cache"
+    )
+    return f"first step done {total:.1f} s after train() began: {phases} ({xla})"
+
+
+def compile_summary(
+    step_programs: int, *, ahead: int = 0, build_seconds: Sequence[float] = (), show: bool = True
+) -> dict[str, float]:
+    """What this process compiled: step programs (batch shapes) and all XLA programs; `show`
+    prints it as one line (a run's first process does).
+
+    `compile/compiled` counts programs XLA built from scratch; the rest came from the persistent
+    compilation cache (`--compilation_cache`), so a second identical launch reports 0 there.
+    `compile/step_programs_ahead`: step programs built on the compile-ahead thread.
+    `build_seconds` (compile-ahead's, in the order the programs finished): the first step's
+    program, built alone, as `compile/first_program_s` (the autotuner's trade is read against
+    it), and the longest as `compile/program_s_max`.
+    """
+    stats = COMPILE_STATS.snapshot()
+    built = ""
+    if build_seconds:
+        built = (f"; step programs built in {build_seconds[0]:.1f} s (the first, alone), "
+                 f"{max(build_seconds):.1f} s the longest")  # fmt: skip
+    if show:
+        print(
+            f"compile: {step_programs} train-step shapes ({ahead} built ahead of their step); "
+            f"{stats['programs']} XLA programs, "
+            f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
+            f"{stats['compile_seconds']:.1f} s compiling or loading "
+            f"(+ {stats['trace_seconds']:.1f} s tracing, {stats['lower_seconds']:.1f} s lowering)"
+            f"{built}",
+            flush=True,
+        )
+    timed = {}
+    if build_seconds:
+        timed = {"compile/first_program_s": float(build_seconds[0]),
+                 "compile/program_s_max": float(max(build_seconds))}  # fmt: skip
+    return {
+        "compile/step_programs": float(step_programs),
+        "compile/step_programs_ahead": float(ahead),
+        **{f"compile/{key}": float(value) for key, value in stats.items()},
+        **timed,
+    }
 
 
 def format_error(error: BaseException) -> str:

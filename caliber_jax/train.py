@@ -9,14 +9,10 @@ TensorBoard, checkpoints with Orbax and resumes where it stopped.
 
 import contextlib
 import functools
-import itertools
 import json
-import math
-import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -28,7 +24,6 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from caliber_jax import (
     checkpoint,
@@ -39,6 +34,7 @@ from caliber_jax import (
     metrics_log,
     optim,
     paths,
+    run_config,
     sharding,
     step,
     tokenization,
@@ -46,112 +42,19 @@ from caliber_jax import (
     w_out_init,
     watchdog,
 )
-from caliber_jax.data import length_cache, pipeline
+from caliber_jax.data import pipeline
 from caliber_jax.embedder import Embedder, resolve_dtype, resolve_dtype_name
 from caliber_jax.models import embedding
-
-
-class TokenizeFn:
-    """Picklable `tokenize_fn` for the pipeline: one tokenizer (the one given, or loaded from
-    `tokenizer_dir`, as again in each process it is unpickled in) shared by the loader's threads.
-
-    A fast tokenizer keeps its truncation length as state (`enable_truncation`), so two threads
-    tokenizing at different lengths (the loader's passages at `max_length`, another batch's
-    queries at `query_length`) could truncate each other's texts: `tokenization.tokenize` makes
-    the calls one at a time. One tokenizer, not one per thread: Qwen3's (151K tokens) takes ~1.2 s
-    of CPU to load, and four loader threads each loading their own held the first batch of
-    configs/caliber.py back by ~5 s on 2 cores (docs/benchmarks_history.md, 2026-11-28)."""
-
-    def __init__(self, tokenizer_dir: str, tokenizer: PreTrainedTokenizerBase | None = None):
-        self.tokenizer_dir = tokenizer_dir
-        if tokenizer is None:
-            tokenizer = tokenization.load_tokenizer(tokenizer_dir)
-        self.tokenizer = tokenizer
-
-    def __call__(self, texts: list[str], max_length: int) -> list[list[int]]:
-        return tokenization.tokenize(self.tokenizer, texts, max_length=max_length)
-
-    def __getstate__(self):
-        return {"tokenizer_dir": self.tokenizer_dir}
-
-    def __setstate__(self, state):
-        self.__init__(state["tokenizer_dir"])
-
-
-def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath.Path | None]:
-    """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them."""
-    root = paths.as_path(data_dir)
-    passages = root / f"{split}.jsonl"
-    teacher_dir = root / f"teacher_{split}"
-    px = teacher_dir / "px"
-    return passages, teacher_dir / "x", px if px.exists() else None
-
-
-def make_source(
-    config: ml_collections.ConfigDict,
-    split: str,
-    dim: int,
-    neighbour_source: pipeline.TrainSource | None = None,
-) -> pipeline.TrainSource:
-    """A split's rows; `neighbour_source` (the training split) resolves a validation split's
-    "train_neighbour" rows (`prepare.mine_heldout_neighbours`)."""
-    passages, teacher_x, teacher_px = data_paths(config.data.dir, split)
-    # The training queries' store (`embed_teacher`), read only when the query term is on.
-    loss = config.loss
-    uses_queries = any(loss.get(term, 0.0) for term in ("query_weight", "contrastive_weight",
-                                                         "query_align_weight"))  # fmt: skip
-    teacher_q = teacher_x.parent / "q" if uses_queries else None
-    for path in (passages, teacher_x, *([teacher_q] if teacher_q else [])):
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{path}: missing; run `python -m caliber_jax.prepare` and "
-                "`python -m caliber_jax.embed_teacher` with this config first"
-            )
-    return pipeline.TrainSource(
-        passages,
-        teacher_x_path=teacher_x,
-        teacher_px_path=teacher_px,
-        dim=dim,
-        neighbour_source=neighbour_source,
-        teacher_q_path=teacher_q,
-    )
-
-
-def make_loader(config, source, tokenize_fn, *, pad_id, train: bool, process_rows=None,
-                lengths=None):  # fmt: skip
-    return pipeline.make_loader(
-        source,
-        num_epochs=None if train else 1,
-        worker_count=config.data.worker_count,
-        read_threads=config.data.read_threads,
-        **batch_options(config, tokenize_fn, pad_id=pad_id, train=train,
-                        process_rows=process_rows, lengths=lengths),
-    )  # fmt: skip
-
-
-def batch_options(config, tokenize_fn, *, pad_id, train: bool, process_rows, lengths) -> dict:
-    """What decides each step's batch (`pipeline.make_batch_fn`'s arguments after the source)."""
-    return dict(
-        batch_size=config.batch_size,
-        seed=config.seed,
-        shuffle=train,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        tokenize_fn=tokenize_fn,
-        max_length=config.data.max_length,
-        pad_id=pad_id,
-        pad_to_multiple=config.data.pad_to_multiple,
-        length_group_window=config.data.length_group_window if train else 1,
-        drop_remainder=train and config.data.drop_remainder,
-        pack_length=config.data.pack_length,
-        # Packed rows split evenly over this process's devices.
-        pack_rows_multiple=math.lcm(config.data.pack_rows_multiple, jax.local_device_count()),
-        pack_rungs=config.data.pack_rungs,
-        pack_first_steps=config.data.pack_first_steps if train else 0,
-        process_rows=process_rows,
-        lengths=lengths,
-        query_length=config.data.query_length,
-    )
+from caliber_jax.run_data import (
+    TokenizeFn,
+    batch_options,
+    corpus_lengths,
+    data_paths,
+    keep_token_lengths,  # noqa: F401  (prepare's and the benchmarks' train.keep_token_lengths)
+    lengths_cache,
+    make_source,
+    student_tokenizer_dir,
+)
 
 
 def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath:
@@ -165,58 +68,6 @@ def choose_path(config: ml_collections.ConfigDict) -> training_path.TrainingPath
         compile_ahead=config.compile_ahead,
         scan_layers=config.model.scan_layers,
     )
-
-
-def corpus_lengths(source, tokenize_fn, *, max_length: int, cache=None):
-    """`length_cache.corpus_lengths` over this run's processes."""
-    processes = length_cache.Processes(
-        index=jax.process_index(),
-        count=jax.process_count(),
-        gather=multihost_utils.process_allgather,
-        first=multihost_utils.broadcast_one_to_all,
-    )
-    return length_cache.corpus_lengths(
-        source, tokenize_fn, max_length=max_length, cache=cache, processes=processes
-    )
-
-
-def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: str):
-    """Where a split's token lengths are kept (`length_cache`): tokenized once per corpus,
-    tokenizer and max_length, not at every launch."""
-    return length_cache.cache_path(
-        config.data.dir,
-        split,
-        passages=data_paths(config.data.dir, split)[0],
-        tokenizer_dir=tokenizer_dir,
-        max_length=config.data.max_length,
-    )
-
-
-def student_tokenizer_dir(config: ml_collections.ConfigDict) -> str:
-    """The student's tokenizer directory: `model.tokenizer_dir`, else the init dir."""
-    return config.model.tokenizer_dir or config.model.init_dir
-
-
-def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str] | None:
-    """Tokenizes each prepared split with the student's tokenizer and keeps the lengths where
-    `train` reads them (`lengths_cache`), so that its first launch tokenizes nothing (`prepare`
-    calls this). Returns the splits whose lengths are now kept, not a split whose file could not
-    be written (a warning says why); None when the tokenizer directory is not there yet. `train`
-    tokenizes what is not kept at its first launch, as before."""
-    tokenizer_dir = student_tokenizer_dir(config)
-    if not tokenizer_dir or not paths.as_path(tokenizer_dir).is_dir():
-        return None
-    tokenize_fn = TokenizeFn(tokenizer_dir)
-    kept = []
-    for split in ("train", "val"):
-        passages = data_paths(config.data.dir, split)[0]
-        if passages.exists():
-            cache = lengths_cache(config, split, tokenizer_dir)
-            corpus_lengths(pipeline.PassageTexts(passages), tokenize_fn,
-                           max_length=config.data.max_length, cache=cache)  # fmt: skip
-            if cache.is_file():
-                kept.append(split)
-    return kept
 
 
 def init_params(config: ml_collections.ConfigDict) -> tuple[embedding.ModelSpec, dict[str, Any]]:
@@ -319,76 +170,11 @@ def host_device() -> jax.Device:
 
 def write_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
     """Process 0 writes the run's config.json, whole (the other processes of a resumed run may be
-    reading it in `check_workdir_config` at that moment; an object store's upload is whole)."""
+    reading it in `run_config.check_workdir_config` at that moment; an object store's upload is
+    whole)."""
     if jax.process_index() != 0:
         return
     paths.write_text_whole(workdir / "config.json", config.to_json_best_effort(indent=2))
-
-
-# Fields a resumed run may change: how it runs, logs and saves, not what it computes (train never
-# reads prepare's or the teacher's settings: the teacher's vectors are in the store). Not
-# data.worker_count: the loader's saved position (Grain's iterator state) has one layout without
-# workers and another, per worker, with them; restored under another count it fails or replays.
-RESUME_MAY_CHANGE = (
-    "prepare", "teacher", "mesh", "multihost", "compile_ahead", "watchdog_factor",
-    "watchdog_min_s", "log_every", "eval_every", "eval_at_start", "checkpoint_every",
-    "keep_checkpoints", "keep_period", "checkpoint_async", "tensorboard", "data.read_threads",
-    "data.validate", "model.remat", "model.attention",
-)  # fmt: skip
-# Top-level fields every training config.json has (what tells it from a model's config.json).
-_TRAIN_CONFIG_KEYS = frozenset({"model", "optim", "loss", "data"})
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
-def resume_conflicts(saved: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, the run's value, the new value) for each field both JSON configs hold that differ
-    and that `RESUME_MAY_CHANGE` does not cover; fields only one of them holds (a version that
-    added or dropped a field) are not compared."""
-    old_flat, new_flat = _flatten(saved), _flatten(new)
-    return [
-        (field, old_flat[field], value)
-        for field, value in new_flat.items()
-        if field in old_flat and old_flat[field] != value
-        and not any(field == f or field.startswith(f + ".") for f in RESUME_MAY_CHANGE)
-    ]  # fmt: skip
-
-
-def check_workdir_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
-    """Before anything is written to `workdir`: its config.json, if any, must be a training run's,
-    and a run with checkpoints resumes only with its own settings (up to `RESUME_MAY_CHANGE`):
-    another learning rate, length or step count would continue the run silently under a
-    config.json that then misdescribes it (and export reads the model's shape from it)."""
-    path = workdir / "config.json"
-    if not path.exists():
-        return
-    try:
-        saved = json.loads(path.read_text())
-    except ValueError as error:
-        raise ValueError(f"{path}: not JSON ({error}); move the folder aside or choose another "
-                         f"--workdir") from None  # fmt: skip
-    if not isinstance(saved, dict) or not _TRAIN_CONFIG_KEYS <= saved.keys():
-        raise ValueError(f"{path} is not a training run's config (a model folder?): --workdir "
-                         f"must be a run's own folder; choose another")  # fmt: skip
-    steps = checkpoint.saved_steps(workdir / "checkpoints")
-    if not steps:
-        return  # nothing trained yet: the new settings stand
-    conflicts = resume_conflicts(saved, json.loads(config.to_json_best_effort()))
-    if conflicts:
-        shown = "; ".join(
-            f"{field}={new!r} (the run's {old!r})" for field, old, new in conflicts[:3]
-        )
-        more = f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
-        raise ValueError(f"{workdir} holds a run trained to step {steps[-1]} with other settings: "
-                         f"{shown}{more}. Resume it with its own ({path}), or train in a new "
-                         f"--workdir")  # fmt: skip
 
 
 def check_finite(metrics: dict[str, float], step_num: int) -> None:
@@ -431,46 +217,6 @@ def evaluate(eval_fn, params, loader_factory, mesh,
             pert_frac=counts["pert_rows"] / counts["rows"], term_frac=out["val/term_frac"],
         )  # fmt: skip
     return out
-
-
-# sysexits.h EX_TEMPFAIL: stopped by SIGTERM (preemption) or one Ctrl-C with a checkpoint; rerun
-# to resume.
-EXIT_PREEMPTED = 75
-
-
-class SigtermFlag:
-    """SIGTERM (preemption) -> checkpoint and stop, at the same step on every process.
-
-    One process: a Python handler sets a flag; Ctrl-C (SIGINT) does the same, and a second
-    Ctrl-C stops at once (KeyboardInterrupt, the steps since the last checkpoint lost). Several:
-    JAX's preemption service (started by `jax.distributed.initialize`) catches SIGTERM on any
-    process, spreads it through the coordinator, and `reached` turns True at one agreed step
-    everywhere, so no process enters Orbax's collective save while another runs the next train
-    step. No device collective is involved; it must be asked at every step.
-    """
-
-    def __init__(self):
-        self.raised = False
-        self.signum = signal.SIGTERM  # what raised it (JAX's service: SIGTERM)
-        self._agreed = jax.process_count() > 1
-        if not self._agreed:
-            signal.signal(signal.SIGTERM, self._handle)
-            signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame):
-        del frame
-        self.raised = True
-        self.signum = signum
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one stops now
-            print("\n[caliber_jax] Ctrl-C: saving a checkpoint after this step and stopping "
-                  "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)  # fmt: skip
-
-    def reached(self, step_num: int) -> bool:
-        """Whether to checkpoint and stop after `step_num` (call once per step, in order)."""
-        if self._agreed:
-            self.raised = multihost_utils.reached_preemption_sync_point(step_num)
-        return self.raised
 
 
 def make_model_state(
@@ -568,73 +314,28 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     stall = watchdog.StepWatchdog(
         factor=config.watchdog_factor, min_seconds=config.watchdog_min_s
     ).start()
+    # Preemption and Ctrl-C: checkpoint and stop (installed just before the loop); the caller's
+    # own handlers are back once the last save is written.
+    agreed = multihost_utils.reached_preemption_sync_point if jax.process_count() > 1 else None
+    sigterm = watchdog.SigtermFlag(agreed)
     try:
-        return _train(config, workdir, stall)
+        return _train(config, workdir, stall, sigterm)
     finally:
+        sigterm.restore()
         stall.close()
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """Raises one ValueError naming the field for a config the run would otherwise stop on
-    later (a division by zero at the first log, a loss setting found only when the step is
-    traced, after the weights and inputs are loaded, cuDNN attention without a GPU, a batch the
-    devices do not divide)."""
-    fields = ("log_every", "checkpoint_every", "eval_every", "optim.accum_steps",
-              "keep_checkpoints", "batch_size")  # fmt: skip
-    for field in fields:
-        value = config
-        for part in field.split("."):
-            value = value[part]
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"config.{field}={value!r}: expected an integer >= 1")
-    if not isinstance(config.total_steps, int) or config.total_steps < 0:
-        raise ValueError(f"config.total_steps={config.total_steps!r}: expected an integer >= 1, "
-                         f"or 0 for config.num_epochs over the training passages")  # fmt: skip
-    if not config.total_steps and not config.num_epochs > 0:
-        raise ValueError(f"config.num_epochs={config.num_epochs!r}: expected > 0 (or set "
-                         f"config.total_steps)")  # fmt: skip
-    loss = config.loss
-    choices = {"objective": losses.OBJECTIVES, "reduction": losses.REDUCTIONS}
-    for field, allowed in choices.items():
-        if loss.get(field, allowed[0]) not in allowed:
-            raise ValueError(f"config.loss.{field}={loss[field]!r}: expected one of {allowed}")
-    if loss.get("contrastive_weight", 0.0) and not loss.get("contrastive_temperature", 0.05) > 0:
-        raise ValueError(f"config.loss.contrastive_temperature="
-                         f"{loss.contrastive_temperature!r}: expected > 0")  # fmt: skip
-    # What this machine decides: its backend and device count (the mesh `_train` builds).
-    if config.model.attention == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"config.model.attention='cudnn' needs a GPU (cuDNN's fused attention); this run's "
-            f"backend is {jax.default_backend()!r}: use 'xla'"
-        )
-    devices = jax.device_count()
-    if config.mesh.fsdp < 1 or devices % config.mesh.fsdp:
-        raise ValueError(f"config.mesh.fsdp={config.mesh.fsdp}: fsdp={config.mesh.fsdp} must "
-                         f"divide the device count {devices}")  # fmt: skip
-    if config.batch_size % devices:
-        raise ValueError(f"config.batch_size={config.batch_size}: not divisible by {devices} "
-                         f"devices (each device takes an equal share of every batch)")  # fmt: skip
-
-
-def check_source(config: ml_collections.ConfigDict, source: pipeline.TrainSource) -> None:
-    """The "neighbour" objective needs each training passage's neighbour: without them its
-    hinge covers no row and the run would train the alignment alone, logging num = 0."""
-    if config.loss.get("objective", "caliber") == "neighbour" and source.neighbours is None:
-        raise ValueError(
-            f"config.loss.objective='neighbour' needs a neighbour per training passage: "
-            f"{source.passages_path} has no 'neighbour' field (prepare it with "
-            f"config.prepare.neighbour_k > 0)"
-        )
-
-
 def _train(
-    config: ml_collections.ConfigDict, workdir: str, stall: watchdog.StepWatchdog
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    stall: watchdog.StepWatchdog,
+    sigterm: watchdog.SigtermFlag,
 ) -> dict[str, float]:
-    check_config(config)
+    run_config.check_config(config, backend=jax.default_backend(), devices=jax.device_count())
     workdir = paths.as_path(workdir)
-    check_workdir_config(config, workdir)
+    run_config.check_workdir_config(config, workdir)
     path = choose_path(config)  # first: a refused combination fails before any work
-    marks = [("began", time.perf_counter())]  # where launch-to-first-step goes (startup_line)
+    marks = [("began", time.perf_counter())]  # where launch-to-first-step goes (cli.startup_line)
     spec, flat = init_params(config)
     marks.append(("weights", time.perf_counter()))
     dim = spec.out_dim or spec.config.width
@@ -646,7 +347,7 @@ def _train(
     )
 
     train_source = make_source(config, "train", dim)
-    check_source(config, train_source)
+    run_config.check_source(config, train_source)
     # Written once the inputs are found: a run that cannot start leaves the folder as it was.
     workdir.mkdir(parents=True, exist_ok=True)
     write_config(config, workdir)
@@ -732,20 +433,24 @@ def _train(
         val_factory = None
         if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
             val_source = make_source(config, "val", dim, neighbour_source=train_source)
+            val_lengths = corpus_lengths(
+                val_source,
+                tokenize_fn,
+                max_length=max_length,
+                cache=lengths_cache(config, "val", tokenizer_dir),
+            )
             val_factory = functools.partial(
-                make_loader, config, val_source, tokenize_fn, pad_id=pad_id, train=False,
-                process_rows=process_rows,
-                lengths=corpus_lengths(val_source, tokenize_fn, max_length=max_length,
-                                       cache=lengths_cache(config, "val", tokenizer_dir)),
+                pipeline.make_loader, val_source, num_epochs=1,
+                worker_count=config.data.worker_count, read_threads=config.data.read_threads,
+                **batch_options(config, tokenize_fn, pad_id=pad_id, train=False,
+                                process_rows=process_rows, lengths=val_lengths),
             )  # fmt: skip
 
         # tensorboardX writes gs:// and s3:// logdirs itself.
-        writer = (
-            MetricsWriter(workdir, tensorboard=config.tensorboard, start=start)
-            if jax.process_index() == 0
-            else None
-        )
-        sigterm = SigtermFlag()
+        writer = metrics_log.MetricsWriter(workdir, tensorboard=config.tensorboard, start=start,
+                                           active=jax.process_index() == 0)  # fmt: skip
+        cleanup.callback(writer.close)
+        sigterm.install()
         # Joining the compile thread and closing the manager (finishing the last save) have the
         # long limit.
         cleanup.callback(stall.enter, "closing")
@@ -753,8 +458,6 @@ def _train(
             config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
             val_factory, sigterm, stall, marks,
         )  # fmt: skip
-    if writer is not None:
-        writer.close()
     # The compute dtype a config's "auto" became on this machine (`embedder.resolve_dtype_name`).
     summary["compute_bfloat16"] = float(resolve_dtype_name(config.model.dtype) == "bfloat16")
     return summary
@@ -763,7 +466,7 @@ def _train(
 def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, mesh, writer,
           val_factory, sigterm, stall, marks) -> dict[str, float]:  # fmt: skip
     """The linear train loop: step, log, validate, checkpoint; `marks` (name, perf_counter) of
-    the setup phases, printed with the first step's end (`startup_line`)."""
+    the setup phases, printed with the first step's end (`cli.startup_line`)."""
     last: dict[str, float] = {}
     window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
     shapes: set[tuple] = set()  # distinct batch shapes = distinct train-step programs
@@ -772,7 +475,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     if val_factory is not None and config.eval_at_start and start == 0:
         # the starting point of the validation curves
         with jax.transfer_guard("allow"), stall.phase("validation"):
-            _write(writer, evaluate(eval_fn, state.params, val_factory, mesh, config.loss), 0)
+            writer.write(evaluate(eval_fn, state.params, val_factory, mesh, config.loss), 0)
     # Host-to-device copies are explicit (sharding.to_global); anything implicit is a bug.
     with jax.transfer_guard("disallow"):
         for step_num in range(start + 1, steps + 1):
@@ -786,7 +489,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 jax.block_until_ready(metrics)
                 marks.append(("first step", time.perf_counter()))
                 stats = cli.COMPILE_STATS.snapshot()
-                print(f"[caliber_jax] {startup_line(marks, stats)}", file=sys.stderr)
+                print(f"[caliber_jax] {cli.startup_line(marks, stats)}", file=sys.stderr)
             window_rows += int(np.sum(batch["weight"])) * jax.process_count()
             window_tokens += real_tokens(batch) * jax.process_count()
             must_log = step_num % config.log_every == 0 or step_num == steps
@@ -800,7 +503,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 fetched["train/tokens_per_s"] = window_tokens / elapsed
                 window_start, window_rows, window_tokens = time.perf_counter(), 0, 0.0
                 last.update(fetched)
-                _write(writer, fetched, step_num)
+                writer.write(fetched, step_num)
                 bar.set_postfix(
                     loss=f"{fetched['train/loss']:.4f}", lr=f"{fetched['train/lr']:.2e}"
                 )
@@ -809,7 +512,7 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
                 with jax.transfer_guard("allow"), stall.phase("validation"):
                     val = evaluate(eval_fn, state.params, val_factory, mesh, config.loss)
                 last.update(val)
-                _write(writer, val, step_num)
+                writer.write(val, step_num)
             if must_save:
                 with jax.transfer_guard("allow"), stall.phase("checkpoint save"):
                     checkpoint.save(manager, step_num, state, data_iter, force=True)
@@ -829,67 +532,12 @@ def _loop(config, state, start, steps, train_fn, eval_fn, data_iter, manager, me
     last["preempted"] = float(step_num < steps)
     if step_num < steps:
         last["stop_signal"] = float(sigterm.signum)  # 15 SIGTERM, 2 SIGINT
-    last.update(compile_summary(len(shapes), ahead=train_fn.compiled_ahead,
-                                build_seconds=train_fn.build_seconds))  # fmt: skip
+    last.update(cli.compile_summary(len(shapes), ahead=train_fn.compiled_ahead,
+                                    build_seconds=train_fn.build_seconds,
+                                    show=jax.process_index() == 0))  # fmt: skip
     if jax.process_index() == 0:
         print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.items())))
     return last
-
-
-def startup_line(marks: list[tuple[str, float]], stats: dict[str, float]) -> str:
-    """One line on where the time from `train()` to the first step's end went: `marks` are
-    (phase, perf_counter at its end) after ("began", t0); the first step's share includes what
-    `cli.COMPILE_STATS.snapshot()` (`stats`) counts so far, summed over threads: XLA compiling or
-    loading programs from the persistent cache, and JAX tracing and lowering (a cache hit still
-    traces and lowers)."""
-    total = marks[-1][1] - marks[0][1]
-    phases = ", ".join(f"{name} {end - begin:.1f} s"
-                       for (_, begin), (name, end) in itertools.pairwise(marks))  # fmt: skip
-    xla = (
-        f"XLA compiling or loading so far: {stats['compile_seconds']:.1f} s; tracing "
-        f"{stats['trace_seconds']:.1f} s, lowering {stats['lower_seconds']:.1f} s; "
-        f"{stats['programs']:.0f} programs, {stats['cache_hits']:.0f} from the cache"
-    )
-    return f"first step done {total:.1f} s after train() began: {phases} ({xla})"
-
-
-def compile_summary(
-    step_programs: int, *, ahead: int = 0, build_seconds: Sequence[float] = ()
-) -> dict[str, float]:
-    """What this process compiled: step programs (batch shapes) and all XLA programs.
-
-    `compile/compiled` counts programs XLA built from scratch; the rest came from the persistent
-    compilation cache (`--compilation_cache`), so a second identical launch reports 0 there.
-    `compile/step_programs_ahead`: step programs built on the compile-ahead thread.
-    `build_seconds` (compile-ahead's, in the order the programs finished): the first step's
-    program, built alone, as `compile/first_program_s` (the autotuner's trade is read against
-    it), and the longest as `compile/program_s_max`.
-    """
-    stats = cli.COMPILE_STATS.snapshot()
-    built = ""
-    if build_seconds:
-        built = (f"; step programs built in {build_seconds[0]:.1f} s (the first, alone), "
-                 f"{max(build_seconds):.1f} s the longest")  # fmt: skip
-    if jax.process_index() == 0:
-        print(
-            f"compile: {step_programs} train-step shapes ({ahead} built ahead of their step); "
-            f"{stats['programs']} XLA programs, "
-            f"{stats['compiled']} compiled, {stats['cache_hits']} from the persistent cache, "
-            f"{stats['compile_seconds']:.1f} s compiling or loading "
-            f"(+ {stats['trace_seconds']:.1f} s tracing, {stats['lower_seconds']:.1f} s lowering)"
-            f"{built}",
-            flush=True,
-        )
-    timed = {}
-    if build_seconds:
-        timed = {"compile/first_program_s": float(build_seconds[0]),
-                 "compile/program_s_max": float(max(build_seconds))}  # fmt: skip
-    return {
-        "compile/step_programs": float(step_programs),
-        "compile/step_programs_ahead": float(ahead),
-        **{f"compile/{key}": float(value) for key, value in stats.items()},
-        **timed,
-    }
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
@@ -897,45 +545,6 @@ def real_tokens(batch: dict[str, np.ndarray]) -> int:
     row g, B + g its pi(x), 2B padding (slots hold global positions, B the global batch)."""
     global_rows = len(batch["weight"]) * jax.process_count()
     return int(np.sum(batch["packed_slots"] < 2 * global_rows))
-
-
-class MetricsWriter:
-    """One line of `metrics.jsonl` per logged step in the workdir, and TensorBoard scalars.
-
-    TensorBoard is optional (`config.tensorboard`): tensorboardX imports torch, seconds per
-    launch, which the CPU demo does without.
-    """
-
-    def __init__(self, workdir: epath.Path, *, tensorboard: bool, start: int = 0):
-        self.log = workdir / "metrics.jsonl"
-        # Resumed at step `start`: the rows logged after its checkpoint are logged again.
-        metrics_log.trim_after(self.log, last_step=start)
-        self.tensorboard = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter  # writes gs:// and s3:// logdirs itself
-
-            self.tensorboard = SummaryWriter(os.fspath(workdir / "tensorboard"))
-
-    def write(self, metrics: dict[str, float], step_num: int) -> None:
-        if self.tensorboard is not None:
-            for key, value in metrics.items():
-                self.tensorboard.add_scalar(key, value, step_num)
-            self.tensorboard.flush()
-        line = json.dumps({"step": step_num, **metrics}) + "\n"
-        if paths.is_remote(self.log):  # object stores cannot append: rewrite the (small) file
-            self.log.write_text((self.log.read_text() if self.log.exists() else "") + line)
-            return
-        with self.log.open("a") as handle:
-            handle.write(line)
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-
-
-def _write(writer: MetricsWriter | None, metrics: dict[str, float], step_num: int) -> None:
-    if writer is not None:
-        writer.write(metrics, step_num)
 
 
 def main(argv) -> None:
@@ -953,7 +562,7 @@ def main(argv) -> None:
             "the same command resumes it",
             file=sys.stderr,
         )
-        sys.exit(EXIT_PREEMPTED)
+        sys.exit(watchdog.EXIT_PREEMPTED)
     if jax.process_index() != 0:
         return
     path = paths.as_path(workdir) / "summary.json"

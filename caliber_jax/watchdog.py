@@ -1,4 +1,5 @@
-"""A step watchdog: a run whose steps stop completing dumps every thread's stack and exits.
+"""A step watchdog: a run whose steps stop completing dumps every thread's stack and exits; and
+`SigtermFlag`, the stop a preemption or a Ctrl-C asks for, at a step every process agrees on.
 
 A deadlocked collective leaves every process alive, asleep and silent, and a scheduler waits
 for it forever. Each process runs one `StepWatchdog`, from the top of `train()` to its very end.
@@ -15,14 +16,19 @@ the compile thread, waiting for the last save).
 import contextlib
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 # No step completed in time (GNU timeout's status for "timed out"); distinct from 1 (an error)
 # and 75 (preempted, checkpointed). The last checkpoint is kept: the same command resumes.
 EXIT_STALLED = 124
+# sysexits.h EX_TEMPFAIL: stopped by SIGTERM (preemption) or one Ctrl-C with a checkpoint; rerun
+# to resume.
+EXIT_PREEMPTED = 75
 
 
 class StepWatchdog:
@@ -181,6 +187,54 @@ class StepWatchdog:
         # Ends on `close` (also in a grace period: the run ended after all) or after the exit.
         while not self._stop.wait(self._poll) and not self._exited:
             self.check()
+
+
+class SigtermFlag:
+    """SIGTERM (preemption) -> checkpoint and stop, at the same step on every process.
+
+    One process (`agreed_fn` None): a Python handler sets a flag; Ctrl-C (SIGINT) does the same,
+    and a second Ctrl-C stops at once (KeyboardInterrupt, the steps since the last checkpoint
+    lost). Several: JAX's preemption service (started by `jax.distributed.initialize`) catches
+    SIGTERM on any process, spreads it through the coordinator, and `agreed_fn(step)`
+    (`multihost_utils.reached_preemption_sync_point`) turns True at one agreed step everywhere,
+    so no process enters Orbax's collective save while another runs the next train step. No
+    device collective is involved; it must be asked at every step. `install` sets the handlers
+    and `restore` puts back those they replaced (a caller of `train()` keeps its own Ctrl-C).
+    """
+
+    def __init__(self, agreed_fn: Callable[[int], bool] | None = None):
+        self.raised = False
+        self.signum = signal.SIGTERM  # what raised it (JAX's service: SIGTERM)
+        self._agreed_fn = agreed_fn
+        self._replaced: dict[int, Any] = {}
+
+    def install(self) -> "SigtermFlag":
+        """From now on SIGTERM and SIGINT set the flag (one process; several: JAX's service)."""
+        if self._agreed_fn is None and not self._replaced:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._replaced[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        """The handlers `install` replaced are back."""
+        for signum, handler in self._replaced.items():
+            signal.signal(signum, handler)
+        self._replaced.clear()
+
+    def _handle(self, signum, frame):
+        del frame
+        self.raised = True
+        self.signum = signum
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one stops now
+            print("\n[caliber_jax] Ctrl-C: saving a checkpoint after this step and stopping "
+                  "(Ctrl-C again stops at once)", file=sys.stderr, flush=True)  # fmt: skip
+
+    def reached(self, step_num: int) -> bool:
+        """Whether to checkpoint and stop after `step_num` (call once per step, in order)."""
+        if self._agreed_fn is not None:
+            self.raised = self._agreed_fn(step_num)
+        return self.raised
 
 
 def _say(line: str) -> None:

@@ -47,7 +47,7 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 trap 'forward HUP' HUP
 
-PREEMPTED=75  # caliber_jax.train's EXIT_PREEMPTED
+PREEMPTED=75  # caliber_jax.watchdog.EXIT_PREEMPTED, train's status when preempted
 status=0
 timer=  # pid of the grace-period sleep, once a process has exited 75
 grace_over=  # set once the grace period ran out: the processes killed then are not failures

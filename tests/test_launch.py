@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
-PREEMPTED = 75  # caliber_jax.train.EXIT_PREEMPTED (tests may not import train)
+PREEMPTED = 75  # caliber_jax.watchdog.EXIT_PREEMPTED (no JAX here)
 
 
 def run_local(script: str, grace: int = 120) -> tuple[int, dict[int, int], str, float]:

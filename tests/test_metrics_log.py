@@ -3,7 +3,6 @@
 import json
 
 from caliber_jax import metrics_log
-from caliber_jax.train import MetricsWriter
 
 
 def test_a_resumed_run_logs_each_step_once(tmp_path):
@@ -13,7 +12,7 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     log = tmp_path / "metrics.jsonl"
     rows = [json.dumps({"step": step, "train/loss": 1.0 / step}) + "\n" for step in range(1, 6)]
     log.write_text("".join(rows) + '{"step": 6, "train/lo')
-    writer = MetricsWriter(tmp_path, tensorboard=False, start=3)
+    writer = metrics_log.MetricsWriter(tmp_path, tensorboard=False, start=3)
     writer.write({"train/loss": 0.25}, 4)
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert [row["step"] for row in logged] == [1, 2, 3, 4]
@@ -23,3 +22,13 @@ def test_a_resumed_run_logs_each_step_once(tmp_path):
     assert log.stat().st_mtime_ns == before
     metrics_log.trim_after(tmp_path / "absent.jsonl", last_step=0)  # a fresh run: nothing to do
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_process_other_than_the_first_writes_nothing(tmp_path):
+    """Only the first process logs: the others' writers touch no file, not even to trim one."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 5}\n')
+    writer = metrics_log.MetricsWriter(tmp_path, tensorboard=True, start=3, active=False)
+    writer.write({"train/loss": 0.25}, 4)
+    writer.close()
+    assert log.read_text() == '{"step": 5}\n' and not (tmp_path / "tensorboard").exists()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from caliber_jax import checkpoint, watchdog
+from caliber_jax import checkpoint, cli, run_config, watchdog
 from caliber_jax.data import pipeline
 from tests.conftest import device_env, prepare_sample
 
@@ -333,7 +333,7 @@ def test_second_identical_launch_compiles_nothing(data_dir, tmp_path):
 
 
 def test_startup_line_splits_the_time_to_the_first_step():
-    from caliber_jax.train import startup_line
+    from caliber_jax.cli import startup_line
 
     marks = [("began", 10.0), ("weights", 12.5), ("model state", 13.0), ("first step", 40.25)]
     stats = {"compile_seconds": 21.0, "trace_seconds": 3.25, "lower_seconds": 1.0,
@@ -436,38 +436,37 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
      ("num_epochs", 0.0, "config.num_epochs=0.0: expected > 0"),
      ("loss.objective", "neighbor", "config.loss.objective='neighbor': expected one of"),
      ("loss.reduction", "mean", "config.loss.reduction='mean'"),
-     ("loss.contrastive_temperature", 0.0, "config.loss.contrastive_temperature=0.0")],
+     ("loss.contrastive_temperature", 0.0, "config.loss.contrastive_temperature=0.0"),
+     ("model.w_out_init", "pca", "config.model.w_out_init='pca', expected one of")],
 )  # fmt: skip
 def test_a_config_the_run_would_stop_on_later_is_one_line_first(field, value, message):
     """Zero where the loop divides by it, or a loss setting read only when the step is traced:
     refused before any weight is read, naming the field."""
-    from caliber_jax import train as train_lib
     from configs import caliber
 
     config = caliber.get_config()
     config.loss.contrastive_weight = 1.0
-    train_lib.check_config(config)  # the shipped config passes
+    run_config.check_config(config, backend="cpu", devices=8)  # the shipped config passes
     node, _, name = field.rpartition(".")
     (config[node] if node else config)[name] = value
     with pytest.raises(ValueError, match=re.escape(message)):
-        train_lib.check_config(config)
+        run_config.check_config(config, backend="cpu", devices=8)
 
 
 def test_a_config_error_found_only_on_the_machine_is_refused_first_too():
     """cuDNN attention off a GPU, and a batch the devices do not divide: `check_config` refuses
-    them, before the workdir's config.json is written and W_out fitted (tests see 8 CPU
-    devices)."""
-    from caliber_jax import train as train_lib
+    them, before the workdir's config.json is written and W_out fitted (here on a CPU machine of
+    8 devices)."""
     from configs import caliber
 
     config = caliber.get_config()
     config.model.attention = "cudnn"
     with pytest.raises(ValueError, match=re.escape("config.model.attention='cudnn' needs a GPU")):
-        train_lib.check_config(config)
+        run_config.check_config(config, backend="cpu", devices=8)
     config = caliber.get_config()
     config.batch_size = 12
     with pytest.raises(ValueError, match=re.escape("config.batch_size=12: not divisible by 8")):
-        train_lib.check_config(config)
+        run_config.check_config(config, backend="cpu", devices=8)
     config = caliber.get_config()
     config.mesh.fsdp = 3
     with pytest.raises(ValueError, match=re.escape("fsdp=3 must divide the device count 8")):
@@ -485,10 +484,10 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
     workdir = epath.Path(tmp_path)
     config = caliber.get_config()
     train_lib.write_config(config, workdir)
-    train_lib.check_workdir_config(config, workdir)
+    run_config.check_workdir_config(config, workdir)
     other = caliber.get_config()
     other.optim.lr, other.total_steps = 3e-4, 10
-    train_lib.check_workdir_config(other, workdir)  # nothing trained yet
+    run_config.check_workdir_config(other, workdir)  # nothing trained yet
     (workdir / "checkpoints" / "20").mkdir(parents=True)
     (workdir / "checkpoints" / "40.orbax-checkpoint-tmp-1").mkdir()
     message = (
@@ -496,18 +495,18 @@ def test_a_run_resumes_only_with_its_own_settings(tmp_path):
         "run's 0); optim.lr=0.0003 (the run's 0.0001). Resume it with its own"
     )
     with pytest.raises(ValueError, match=re.escape(message)):
-        train_lib.check_workdir_config(other, workdir)
+        run_config.check_workdir_config(other, workdir)
     operational = caliber.get_config()
     operational.log_every, operational.keep_checkpoints, operational.model.attention = 7, 9, "cudnn"
     operational.teacher.batch_size = 8
-    train_lib.check_workdir_config(operational, workdir)
+    run_config.check_workdir_config(operational, workdir)
     saved = json.loads((workdir / "config.json").read_text())
     del saved["loss"]["lam"]
     saved["loss"]["a_field_of_an_older_version"] = 1
-    assert train_lib.resume_conflicts(saved, json.loads(config.to_json_best_effort())) == []
+    assert run_config.resume_conflicts(saved, json.loads(config.to_json_best_effort())) == []
     (workdir / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json: not JSON"):
-        train_lib.check_workdir_config(config, workdir)
+        run_config.check_workdir_config(config, workdir)
 
 
 def test_a_run_resumes_only_with_its_own_loader_worker_count(tmp_path):
@@ -529,9 +528,9 @@ def test_a_run_resumes_only_with_its_own_loader_worker_count(tmp_path):
         config.data.worker_count = after
         message = f"data.worker_count={after} (the run's {before})"
         with pytest.raises(ValueError, match=re.escape(message)):
-            train_lib.check_workdir_config(config, workdir)
+            run_config.check_workdir_config(config, workdir)
     config.data.worker_count, config.data.read_threads = 2, 1  # read threads may change
-    train_lib.check_workdir_config(config, workdir)
+    run_config.check_workdir_config(config, workdir)
 
 
 def test_neighbour_objective_without_neighbours_is_refused(tmp_path):
@@ -539,16 +538,15 @@ def test_neighbour_objective_without_neighbours_is_refused(tmp_path):
     would train the alignment alone and log num = 0. It is refused, naming both fields."""
     from types import SimpleNamespace
 
-    from caliber_jax import train as train_lib
     from configs import caliber
 
     config = caliber.get_config()
     source = SimpleNamespace(neighbours=None, passages_path=tmp_path / "train.jsonl")
-    train_lib.check_source(config, source)  # "caliber" needs none
+    run_config.check_source(config, source)  # "caliber" needs none
     config.loss.objective = "neighbour"
     with pytest.raises(ValueError, match=r"objective='neighbour' needs .*prepare.neighbour_k"):
-        train_lib.check_source(config, source)
-    train_lib.check_source(config, SimpleNamespace(neighbours=np.zeros(4, np.int64)))
+        run_config.check_source(config, source)
+    run_config.check_source(config, SimpleNamespace(neighbours=np.zeros(4, np.int64)))
 
 
 def test_micro_batches_are_cut_to_whole_updates(capsys):
@@ -569,11 +567,10 @@ def test_micro_batches_are_cut_to_whole_updates(capsys):
 
 def test_compile_summary_names_the_first_program_and_the_longest(capsys):
     """The first step's program (built alone) is what the autotuner's trade is read against."""
-    from caliber_jax import train as train_lib
 
-    summary = train_lib.compile_summary(3, ahead=2, build_seconds=[5.0, 2.0, 7.5])
+    summary = cli.compile_summary(3, ahead=2, build_seconds=[5.0, 2.0, 7.5])
     assert summary["compile/first_program_s"] == 5.0 and summary["compile/program_s_max"] == 7.5
     assert "step programs built in 5.0 s (the first, alone), 7.5 s the longest" in (
         capsys.readouterr().out
     )
-    assert "compile/first_program_s" not in train_lib.compile_summary(1)
+    assert "compile/first_program_s" not in cli.compile_summary(1)
