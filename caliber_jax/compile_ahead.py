@@ -15,7 +15,7 @@ layout's few row counts) are then built `parallel` at a time, on the host's free
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -29,6 +29,22 @@ def shape_key(batch: dict[str, Any]) -> ShapeKey:
     return tuple((name, tuple(v.shape), str(v.dtype)) for name, v in sorted(batch.items()))
 
 
+def first_of_each(
+    kind_fn: Callable[[int], Hashable], steps: Iterable[int], *, kinds: int
+) -> Iterator[tuple[Hashable, int]]:
+    """(kind, step) for the first of `steps` of each kind (`kind_fn(step)`, e.g. a batch
+    function's `geometry`), ending once `kinds` kinds have come: a run's shapes are the row
+    ladder's few rungs, so the walk need not plan every later step of the run."""
+    seen = set()
+    for step in steps:
+        kind = kind_fn(step)
+        if kind not in seen:
+            seen.add(kind)
+            yield kind, step
+            if len(seen) >= kinds:
+                return
+
+
 class StepPrograms:
     """`programs(state, batch, *rest)` runs `jitted(state, batch, *rest)` through an executable
     compiled for its batch's shape (`shape_key`); `jitted` is the `jax.jit` step function."""
@@ -39,6 +55,8 @@ class StepPrograms:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pool: futures.ThreadPoolExecutor | None = None
+        self._queued: dict[futures.Future, futures.Future] = {}  # program -> its queued build
         self.compiled_ahead = 0  # programs the background walk built (for tests and logs)
         # Seconds each program took to build (lower + compile, or a persistent-cache load), in
         # the order they finished: the first is the first step's, built alone.
@@ -77,36 +95,58 @@ class StepPrograms:
             with self._lock:
                 self.compiled_ahead += 1
 
+        self._pool = futures.ThreadPoolExecutor(parallel, thread_name_prefix="compile-ahead")
+
         def run() -> None:
-            seen = set()
-            with futures.ThreadPoolExecutor(parallel, thread_name_prefix="compile-ahead") as pool:
-                try:
-                    for kind, item in walk:
-                        if self._stop.is_set():
-                            return
-                        if kind in seen:
-                            continue
-                        seen.add(kind)
-                        args = make_args(item)
-                        future, mine = self._claim(shape_key(args[1]))
-                        if mine:
-                            pool.submit(build, future, args)
-                        if len(seen) == 1:
-                            # The first step waits for its program alone: until it is built
-                            # (here or by that step), nothing else compiles beside it for the
-                            # cores, the GIL or, on a GPU, the autotuner's timing runs.
-                            futures.wait([future])
-                except Exception as error:  # the steps still compile, when they come
-                    logging.warning("compile-ahead stopped: %s", error)
+            seen, submitted = set(), []
+            try:
+                for kind, item in walk:
+                    if self._stop.is_set():
+                        return
+                    if kind in seen:
+                        continue
+                    seen.add(kind)
+                    args = make_args(item)
+                    future, mine = self._claim(shape_key(args[1]))
+                    if mine:
+                        with self._lock:
+                            try:
+                                self._queued[future] = self._pool.submit(build, future, args)
+                            except RuntimeError:  # closed after a failure: nothing is queued
+                                future.set_exception(futures.CancelledError())
+                                return
+                            submitted.append(future)
+                    if len(seen) == 1:
+                        # The first step waits for its program alone: until it is built (here
+                        # or by that step), nothing else compiles beside it for the cores, the
+                        # GIL or, on a GPU, the autotuner's timing runs.
+                        futures.wait([future])
+            except Exception as error:  # the steps still compile, when they come
+                logging.warning("compile-ahead stopped: %s", error)
+            finally:
+                # The thread ends with its builds: each built, failed or dropped by `close`.
+                futures.wait(submitted)
 
         self._thread = threading.Thread(target=run, name="compile-ahead", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stops the walk after the programs it is building (so no compile outlives training)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Stops the walk. `wait`: after the builds it queued (so no compile outlives training);
+        False (training failed): drops the builds not started and returns at once, leaving those
+        in progress to end on their daemon threads."""
         self._stop.set()
+        if not wait:
+            with self._lock:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False, cancel_futures=True)
+                for future, build in self._queued.items():
+                    if build.cancelled():  # never started: no step will ask for it any more
+                        future.set_exception(futures.CancelledError())
+            return
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join()  # it ends with its builds
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     def _claim(self, key: ShapeKey) -> tuple[futures.Future, bool]:
         """The future of `key`'s program, and whether the caller must build it."""

@@ -8,6 +8,7 @@ TensorBoard, checkpoints with Orbax and resumes where it stopped.
 """
 
 import contextlib
+import copy
 import functools
 import json
 import signal
@@ -384,7 +385,7 @@ def _train(
         train_source, tokenize_fn, max_length=max_length,
         cache=lengths_cache(config, "train", tokenizer_dir),
     )  # fmt: skip
-    # One batch function: the loader's, and compile-ahead's walk over the coming shapes.
+    # One batch function: the loader's, and (a copy, with its own epoch plan) compile-ahead's.
     batch_fn = pipeline.make_batch_fn(
         train_source,
         **batch_options(config, tokenize_fn, pad_id=pad_id, train=True,
@@ -416,10 +417,18 @@ def _train(
             # Before the state is built (restored or initialised), the validation inputs and the
             # writer: the first step's program compiles beside them, from the state's shapes;
             # then the ladder's other row counts, side by side on the host's cores.
-            walk = ((batch_fn.geometry(i), i) for i in range(latest or 0, steps))
+            # The walk plans steps until each rung of the row ladder has come (within an epoch:
+            # a rung that first comes later compiles at its step), on a copy of the batch
+            # function, so that the loader's plan of its epoch is not replaced under it.
+            walk_fn, first = copy.copy(batch_fn), latest or 0
+            coming = range(first, min(steps, first + walk_fn.per_epoch))
+            walk = compile_ahead.first_of_each(
+                walk_fn.geometry, coming, kinds=len(set(walk_fn.pack_ladder))
+            )
             parallel = max(1, min(len(batch_fn.pack_ladder), host.usable_cores() - 1))
-            train_fn.start_compile_ahead(walk, batch_fn, abstract, parallel=parallel)
-        cleanup.callback(train_fn.close)  # however train() ends, no compile outlives it
+            train_fn.start_compile_ahead(walk, walk_fn, abstract, parallel=parallel)
+        # However train() ends, no queued compile outlives it; after a failure none is waited for.
+        cleanup.push(lambda failure, *_: train_fn.close(wait=failure is None))
         if latest is not None:
             state, start = checkpoint.restore(manager, abstract, data_iter, step=latest)
             # A stage line, not INFO logging: resuming is what a user must see even when quiet.

@@ -146,9 +146,10 @@ class TrainStep:
         record; empty without it)."""
         return list(self.programs.build_seconds) if self.programs is not None else []
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Stops the compiles ahead (`compile_ahead.StepPrograms.close`)."""
         if self.programs is not None:
-            self.programs.close()
+            self.programs.close(wait=wait)
 
 
 def make_train_step(
