@@ -190,12 +190,22 @@ def evaluate(eval_fn, params, loader_factory, mesh,
              loss: ml_collections.ConfigDict | None = None) -> dict[str, float]:  # fmt: skip
     """Validation loss components over one pass of the held-out split; with the run's `loss`
     config, val/loss is the trained loss of those components (`losses.loss_from_parts`), else
-    the row-weighted mean of the batches' losses."""
+    the row-weighted mean of the batches' losses. One batch stays in flight: the next is
+    loaded and sent while the device works on the last, whose sums come to the host after."""
     totals: dict[str, float] = {}
-    for batch in iter(loader_factory()):
-        sums = jax.device_get(eval_fn(params, sharding.to_global(batch, mesh)))
-        for k, v in sums.items():
+
+    def add(sums) -> None:
+        for k, v in jax.device_get(sums).items():
             totals[k] = totals.get(k, 0.0) + float(v)
+
+    in_flight = None
+    for batch in iter(loader_factory()):
+        sums = eval_fn(params, sharding.to_global(batch, mesh))
+        if in_flight is not None:
+            add(in_flight)
+        in_flight = sums
+    if in_flight is not None:
+        add(in_flight)
     # Each part over the rows it is a mean of (`step.eval_step`): every row, the perturbed rows,
     # or the numeric term's rows (for "neighbour": perturbed and with a neighbour).
     counts = {
@@ -296,14 +306,18 @@ def loss_arguments(config: ml_collections.ConfigDict) -> tuple[dict, dict[str, n
     return static, {"lam": np.float32(loss.lam), "margin": np.float32(loss.margin)}
 
 
-def make_eval_fn(graphdef, loss_args, weights, mesh, params_shardings):
-    """`eval_fn(params, global_batch) -> sums` of `step.eval_step` (see `evaluate`)."""
+def make_eval_fn(graphdef, loss_args, weights, mesh, params_shardings, *, in_order: bool):
+    """`eval_fn(params, global_batch) -> sums` of `step.eval_step` (see `evaluate`); `in_order`
+    (`training_path.TrainingPath.in_order`: CPU collectives over several devices) returns only
+    once the batch is done, so no two programs are in flight there."""
     replicated = sharding.replicated(mesh)
     eval_jit = jax.jit(
         lambda p, b, w: step.eval_step(p, b, graphdef=graphdef, **loss_args, **w),
         in_shardings=(params_shardings, sharding.batch_sharding(mesh), replicated),
         out_shardings=replicated,
     )
+    if in_order:
+        return lambda params, batch: jax.block_until_ready(eval_jit(params, batch, weights))
     return lambda params, batch: eval_jit(params, batch, weights)
 
 
@@ -377,7 +391,8 @@ def _train(
         mesh=mesh,
         state_shardings=state_shardings,
     )
-    eval_fn = make_eval_fn(graphdef, loss_args, weights, mesh, state_shardings.params)
+    eval_fn = make_eval_fn(graphdef, loss_args, weights, mesh, state_shardings.params,
+                           in_order=path.in_order)  # fmt: skip
 
     process_rows = sharding.process_batch_rows(mesh, config.batch_size)
     max_length = config.data.max_length

@@ -470,7 +470,69 @@ def test_a_config_error_found_only_on_the_machine_is_refused_first_too():
     config = caliber.get_config()
     config.mesh.fsdp = 3
     with pytest.raises(ValueError, match=re.escape("fsdp=3 must divide the device count 8")):
-        train_lib.check_config(config)
+        run_config.check_config(config, backend="cpu", devices=8)
+
+
+def test_train_gives_the_callers_signal_handlers_back(data_dir, tmp_path):
+    """`train()` catches SIGTERM and Ctrl-C while it runs (checkpoint and stop); once it returns,
+    the caller's handlers are back: a notebook or script that trains keeps its own Ctrl-C."""
+    from caliber_jax import train as train_lib
+    from configs import demo
+
+    config = demo.get_config()
+    config.data.dir, config.data.max_length, config.model.num_layers = str(data_dir), 48, 1
+    config.batch_size, config.total_steps, config.data.validate = 8, 1, False
+
+    def mine(signum, frame):
+        del signum, frame
+
+    before = {signum: signal.signal(signum, mine) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        summary = train_lib.train(config, str(tmp_path / "run"))
+        assert summary["step"] == 1
+        assert signal.getsignal(signal.SIGINT) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_validation_keeps_one_batch_in_flight(monkeypatch):
+    """`evaluate` issues the next batch before it pulls the last one's sums to the host, so the
+    loader's host work and the host-to-device copy overlap the device's work on a batch."""
+    import jax
+    import jax.numpy as jnp
+
+    from caliber_jax import sharding
+    from caliber_jax import train as train_lib
+
+    events = []
+
+    def loader():
+        for index in range(3):
+            events.append(f"next {index}")
+            yield {"x": np.full((8, 2), index + 1.0, np.float32)}
+
+    jitted = jax.jit(lambda params, batch: {
+        "loss": jnp.sum(batch["x"]) * params, "rows": jnp.float32(8.0),
+        "pert_rows": jnp.float32(4.0), "term_rows": jnp.float32(2.0),
+    })  # fmt: skip
+
+    def eval_fn(params, batch):
+        events.append("issue")
+        return jitted(params, batch)
+
+    device_get = jax.device_get
+
+    def fetch(tree):
+        events.append("fetch")
+        return device_get(tree)
+
+    monkeypatch.setattr(jax, "device_get", fetch)
+    out = train_lib.evaluate(eval_fn, jnp.float32(0.5), loader, sharding.make_mesh())
+    assert events == ["next 0", "issue", "next 1", "issue", "fetch", "next 2", "issue", "fetch",
+                      "fetch"]  # fmt: skip
+    assert out["val/loss"] == 0.5 * 16 * (1 + 2 + 3) / 24 and out["val/term_frac"] == 0.25
 
 
 def test_a_run_resumes_only_with_its_own_settings(tmp_path):
