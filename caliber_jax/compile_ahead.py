@@ -4,8 +4,9 @@ Every distinct batch shape is its own XLA program, and compiling one takes secon
 minutes for a large model on a GPU), during which jit leaves the step waiting and, on a small
 CPU, a core idle. The loader's batch for a step is a pure function of the step, and its shape is
 a function of token lengths only (`pipeline.make_batch_fn(...).geometry`), so a background thread
-walks the coming steps, and for each new shape builds that step's batch once and lowers and
-compiles the step for it while the training thread runs the steps before. The executables are
+walks the coming steps (until each of the row ladder's counts has come: `first_of_each`), and for
+each new shape builds that step's batch once and lowers and compiles the step for it while the
+training thread runs the steps before. The executables are
 the ones `jax.jit` would build (same function, shardings and donation, same persistent cache);
 a step whose shape is not ready yet waits for it, or compiles it itself if the walk has not got
 there. The first step's program is built alone (by the walk, or by that step if it asks first):

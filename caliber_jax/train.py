@@ -90,13 +90,10 @@ def start_w_out(
     """`flat` with W_out's starting value (`config.model.w_out_init`).
 
     "lstsq" fits a new W_out on the training passages once and keeps it in the workdir
-    (`w_out_init.FILE`), so a resumed run and `export --interpolate` use the same start.
+    (`w_out_init.FILE`), so a resumed run and `export --interpolate` use the same start (a
+    method other than those two: `run_config.check_config`).
     """
     model = config.model
-    if model.w_out_init not in w_out_init.METHODS:
-        raise ValueError(
-            f"config.model.w_out_init={model.w_out_init!r}, expected one of {w_out_init.METHODS}"
-        )
     if model.w_out_init == "xavier" or not embedding.has_new_w_out(model.init_dir, spec):
         return flat
 
