@@ -17,10 +17,14 @@ OPTIM = dict(mine.get_config().optim, lr=1e-3, weight_decay=0.0, warmup_frac=0.0
 
 
 def _train_args(workdir, minilm_dir, **overrides) -> dict:
-    """`trainer.train_triplets` arguments: one MiniLM layer, batch 8, one log line a step."""
+    """`trainer.train_triplets` arguments: one MiniLM layer, batch 8, one log line a step.
+
+    Every test trains at the same 16 passage and 8 question tokens (the passages below are 9-13
+    tokens, the questions 7-10, cut at 8), so the step programs one test compiles the next reads
+    from the session's compilation cache."""
     return dict(
         workdir=workdir, init_dir=str(minilm_dir), num_layers=1, pooling=None, dtype="float32",
-        batch_size=8, max_length=32, query_max_length=16, query_instruction=None, num_epochs=6.0,
+        batch_size=8, max_length=16, query_max_length=8, query_instruction=None, num_epochs=6.0,
         max_steps=0, margin=0.5, distance="cosine", optim_config=OPTIM, seed=0,
         checkpoint_every=3, log_every=1, log_fn=lambda m: None,
     ) | overrides  # fmt: skip
@@ -97,8 +101,8 @@ def test_triplet_training_with_accumulation_logs_the_update_lr(tmp_path, minilm_
     """8 micro-batches with accum_steps=2 are 4 updates; the lr logged with each micro-batch is
     that of the update it belongs to."""
     config = dict(OPTIM, lr=1e-3, warmup_frac=0.5, schedule="linear", accum_steps=2)
-    args = _train_args(tmp_path / "train", minilm_dir, max_length=16, query_max_length=8,
-                       num_epochs=8.0, optim_config=config, checkpoint_every=100)  # fmt: skip
+    args = _train_args(tmp_path / "train", minilm_dir, num_epochs=8.0, optim_config=config,
+                       checkpoint_every=100)  # fmt: skip
     trainer.train_triplets(_triplets(), [], **args)
     logged = [
         json.loads(line)["train/lr"]
@@ -111,8 +115,7 @@ def test_triplet_training_with_accumulation_logs_the_update_lr(tmp_path, minilm_
 def test_resume_leaves_one_metrics_row_per_step(tmp_path, minilm_dir):
     """A kill after step 4's row was written but before its checkpoint: the rerun restores
     step 2 and replays 3 and 4, whose earlier rows are dropped, not duplicated."""
-    args = _train_args(tmp_path / "train", minilm_dir, max_length=16, query_max_length=8,
-                       num_epochs=4.0, checkpoint_every=2)  # fmt: skip
+    args = _train_args(tmp_path / "train", minilm_dir, num_epochs=4.0, checkpoint_every=2)
     trainer.train_triplets(_triplets(), [], **args)
     metrics = tmp_path / "train" / "metrics.jsonl"
     before = [json.loads(line) for line in metrics.read_text().splitlines()]
