@@ -67,6 +67,7 @@ import numpy as np  # noqa: E402
 from benchmarks import common, profile_summary, torch_reference  # noqa: E402
 from caliber_jax import (  # noqa: E402
     cli,
+    compile_ahead,
     host,
     sharding,
     tokenization,
@@ -432,12 +433,12 @@ class JaxRunner:
 
     @staticmethod
     def _shape_key(batch) -> tuple:
-        return tuple((k, v.shape) for k, v in sorted(batch.items()))
+        return compile_ahead.shape_key(batch)  # the key train's own loop uses
 
     @staticmethod
     def ids_shapes(key: tuple) -> tuple:
         """The token-id arrays' shapes of a `_shape_key`: how the logs name a step shape."""
-        return tuple(shape for name, shape in key if "ids" in name)
+        return tuple(shape for name, shape, _ in key if "ids" in name)
 
     @property
     def compile_first(self) -> bool:

@@ -362,7 +362,7 @@ def make_batch_fn(
       length_group_window: W batches sorted together by length; 1 disables grouping.
       drop_remainder: drop the incomplete last batch of each epoch instead of padding it.
       pert_rows_multiple: 0 keeps the "stacked" layout (`make_loader`). m > 0 gives the "compact"
-        layout (`step.BATCH_LAYOUTS`): pert_input_ids and pert_attention_mask hold only this
+        layout: pert_input_ids and pert_attention_mask hold only this
         process's perturbed rows, [p, T'] with p = the largest per-process count of perturbed rows
         in the global batch rounded up to m (at most b, so every process has the same shape),
         padding rows encoding "" as the stacked layout's dummies do; T' comes from the global
