@@ -89,14 +89,26 @@ def numeric_facts(text: str) -> list[dict[str, Any]]:
     return facts
 
 
+def fact_kind(fact: Mapping[str, Any]) -> str:
+    """What a question about the fact asks for: "change", "percent" or "amount"."""
+    if fact["verb"] in _CHANGE_VERBS:
+        return "change"
+    if fact["amount"].rstrip().endswith(("%", "percent")):
+        return "percent"
+    return "amount"
+
+
+PLAIN_FORMS = {
+    "change": "How much did {item} change{period}?",
+    "percent": "What percentage was {item}{period}?",
+    "amount": "What was the amount of {item}{period}?",
+}
+
+
 def fact_question(fact: Mapping[str, Any]) -> str:
     """A question the fact answers, naming its line item and period but not its amount."""
     period = f" in {fact['period']}" if fact["period"] else ""
-    if fact["verb"] in _CHANGE_VERBS:
-        return f"How much did {fact['item']} change{period}?"
-    if fact["amount"].rstrip().endswith(("%", "percent")):
-        return f"What percentage was {fact['item']}{period}?"
-    return f"What was the amount of {fact['item']}{period}?"
+    return PLAIN_FORMS[fact_kind(fact)].format(item=fact["item"], period=period)
 
 
 def fact_score(fact: Mapping[str, Any]) -> float:
@@ -158,13 +170,7 @@ def filing_question(fact: Mapping[str, Any], chunk: Mapping[str, Any]) -> str:
     period = fiscal_period(fact["period"], chunk.get("doc_period"))
     if not company or period is None:
         return fact_question(fact)
-    if fact["verb"] in _CHANGE_VERBS:
-        kind = "change"
-    elif fact["amount"].rstrip().endswith(("%", "percent")):
-        kind = "percent"
-    else:
-        kind = "amount"
-    forms = FILING_FORMS[kind]
+    forms = FILING_FORMS[fact_kind(fact)]
     key = "|".join((company, period, fact["item"], fact["verb"], fact["amount"]))
     form = forms[zlib.crc32(key.encode("utf-8")) % len(forms)]
     doc_type = str(chunk.get("doc_type") or "").strip().lower()
@@ -193,8 +199,8 @@ class OfflineQueryGenerator:
                 out.append((None, None))
                 continue
             best = max(facts, key=fact_score)  # ties: the first stated
-            question = filing_question(best, chunk) if self.style == "filing" else None
-            out.append((question or fact_question(best), fact_score(best)))
+            ask = filing_question(best, chunk) if self.style == "filing" else fact_question(best)
+            out.append((ask, fact_score(best)))
         return out
 
 
