@@ -1,14 +1,17 @@
 """Where a calibrated student left its teacher: residual statistics on the FinanceBench corpus.
 
-    python scripts/drift_report.py --teacher "$MINILM" --student runs/sweep/runs/NAME/hf
+    python scripts/drift_report.py --teacher "$MINILM" --student runs/sweep/runs/NAME/hf [MORE ...]
 
 For every FinanceBench evidence passage p, r(p) = s(p) - t(p) (unit vectors, the model's own max
 length). Prints how far the student moved (|r|), how *coherent* the moves are (mean pairwise
 cosine of the residuals, and the norm of their mean direction: 0 for independent moves), how well
 it kept the passage-to-passage similarity structure (Pearson correlation of the off-diagonal
 cosines; mean squared change), and nDCG@10 with the student on one side only (student queries +
-teacher passages, teacher queries + student passages), which says which side costs retrieval.
-Writes the numbers as JSON with `--output`.
+teacher passages, teacher queries + student passages), which says which side costs retrieval. The
+same residual statistics of the queries (`query_` keys) say how far the student's question vectors
+left the teacher's. `--financebench` takes any file of FinanceBench's format (a mined dev set).
+Several `--student` directories share one teacher encoding. Writes the numbers as JSON with
+`--output` (one student: its numbers; several: {directory: numbers}).
 """
 
 import argparse
@@ -52,10 +55,26 @@ def ndcg10(queries: np.ndarray, docs: np.ndarray, qrels: dict, qids: list, dids:
     return float(retrieval.retrieval_metrics(qrels, run)["ndcg_at_10"])
 
 
+def report(vectors: dict, qrels: dict, qids: list, dids: list) -> dict[str, float]:
+    """Passage and query residuals and the four one-side nDCG@10 of one teacher/student pair.
+
+    `vectors[side, kind]` holds `[N, D]` unit rows, side "teacher"/"student", kind "q"/"d".
+    """
+    stats = drift_stats(vectors["teacher", "d"], vectors["student", "d"])
+    query = drift_stats(vectors["teacher", "q"], vectors["student", "q"])
+    stats.update({f"query_{key}": value for key, value in query.items()})
+    for query_side in ("teacher", "student"):
+        for doc_side in ("teacher", "student"):
+            stats[f"ndcg_at_10_{query_side}_queries_{doc_side}_docs"] = ndcg10(
+                vectors[query_side, "q"], vectors[doc_side, "d"], qrels, qids, dids
+            )
+    return stats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True, help="teacher model directory")
-    parser.add_argument("--student", required=True, help="student model directory")
+    parser.add_argument("--student", required=True, nargs="+", help="student model directories")
     parser.add_argument("--financebench", default=str(FINANCEBENCH))
     parser.add_argument("--max_length", type=int, default=None, help="default: the model's")
     parser.add_argument("--output", default=None, help="also write the numbers here (JSON)")
@@ -63,22 +82,26 @@ def main() -> None:
 
     queries, corpus, qrels = retrieval.load_financebench(args.financebench)
     qids, dids = list(queries), list(corpus)
-    vectors = {}
-    for side, path in (("teacher", args.teacher), ("student", args.student)):
+
+    def encode(path: str) -> dict:
         model = Embedder.from_pretrained(path)
-        vectors[side, "q"] = model.encode([queries[q] for q in qids], max_length=args.max_length)
-        vectors[side, "d"] = model.encode([corpus[d] for d in dids], max_length=args.max_length)
-    stats = drift_stats(vectors["teacher", "d"], vectors["student", "d"])
-    for query_side in ("teacher", "student"):
-        for doc_side in ("teacher", "student"):
-            stats[f"ndcg_at_10_{query_side}_queries_{doc_side}_docs"] = ndcg10(
-                vectors[query_side, "q"], vectors[doc_side, "d"], qrels, qids, dids
-            )
-    for key, value in stats.items():
-        print(f"{key} = {value:.4f}")
+        texts = {"q": [queries[q] for q in qids], "d": [corpus[d] for d in dids]}
+        return {kind: model.encode(rows, max_length=args.max_length) for kind, rows in texts.items()}
+
+    teacher = encode(args.teacher)
+    reports = {}
+    for path in args.student:
+        student = encode(path)
+        vectors = {("teacher", k): v for k, v in teacher.items()}
+        vectors.update({("student", k): v for k, v in student.items()})
+        reports[path] = report(vectors, qrels, qids, dids)
+        print(path)
+        for key, value in reports[path].items():
+            print(f"  {key} = {value:.4f}")
     if args.output:
+        out = reports[args.student[0]] if len(args.student) == 1 else reports
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(stats, indent=2) + "\n")
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

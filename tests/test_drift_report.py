@@ -52,3 +52,18 @@ def test_ndcg10_of_perfect_and_reversed_rankings():
     assert drift_report.ndcg10(docs[:2], docs, qrels, ["q0", "q1"], ["d0", "d1", "d2"]) == 1.0
     queries = np.array([[0.0, 0.1, 0.9], [0.9, 0.0, 0.1]])  # relevant doc ranked last
     assert drift_report.ndcg10(queries, docs, qrels, ["q0", "q1"], ["d0", "d1", "d2"]) == 0.5
+
+
+def test_report_has_query_residuals_and_the_four_one_side_rankings():
+    docs, queries = np.eye(3), np.eye(3)[:2]
+    moved = np.array([[0.6, 0.8, 0.0], [0.0, 1.0, 0.0]])  # the student's q0 leans towards d1
+    vectors = {("teacher", "d"): docs, ("student", "d"): docs,
+               ("teacher", "q"): queries, ("student", "q"): moved}  # fmt: skip
+    qrels = {"q0": {"d0": 1}, "q1": {"d1": 1}}
+    stats = drift_report.report(vectors, qrels, ["q0", "q1"], ["d0", "d1", "d2"])
+    np.testing.assert_allclose(stats["query_cos_to_teacher_mean"], (0.6 + 1.0) / 2)
+    np.testing.assert_allclose(stats["cos_to_teacher_mean"], 1.0)
+    assert stats["ndcg_at_10_teacher_queries_student_docs"] == 1.0
+    # q0 ranks d1 (0.8) above d0 (0.6): nDCG 1/log2(3) for q0, 1 for q1.
+    np.testing.assert_allclose(stats["ndcg_at_10_student_queries_teacher_docs"],
+                               (1 / np.log2(3) + 1.0) / 2, atol=1e-5)  # 5 decimals, as MTEB
