@@ -8,6 +8,7 @@ import math
 
 import jax
 import ml_collections
+import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 from transformers import PreTrainedTokenizerBase
@@ -43,13 +44,27 @@ class TokenizeFn:
         self.__init__(state["tokenizer_dir"])
 
 
+def exists_for_all(path: epath.Path) -> bool:
+    """Whether `path` exists as process 0 sees it, the same answer in every process.
+
+    What exists decides which programs and collectives a process runs (a validation split, the
+    perturbed rows' store): a process that found otherwise on its own (per-host data copies, a
+    second job writing mid-launch) would wait in a collective the others never enter. A process
+    missing what process 0 has then fails on opening it, with the path named."""
+    found = path.exists()
+    if jax.process_count() == 1:
+        return found
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(found)))
+
+
 def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath.Path | None]:
-    """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them."""
+    """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them;
+    the perturbed rows' store None where process 0 has none (`exists_for_all`)."""
     root = paths.as_path(data_dir)
     passages = root / f"{split}.jsonl"
     teacher_dir = root / f"teacher_{split}"
     px = teacher_dir / "px"
-    return passages, teacher_dir / "x", px if px.exists() else None
+    return passages, teacher_dir / "x", px if exists_for_all(px) else None
 
 
 def make_source(

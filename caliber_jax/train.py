@@ -51,6 +51,7 @@ from caliber_jax.run_data import (
     batch_options,
     corpus_lengths,
     data_paths,
+    exists_for_all,
     keep_token_lengths,  # noqa: F401  (prepare's and the benchmarks' train.keep_token_lengths)
     lengths_cache,
     make_source,
@@ -452,7 +453,7 @@ def _train(
         marks.append(("train state", time.perf_counter()))
 
         val_factory = None
-        if config.data.validate and data_paths(config.data.dir, "val")[0].exists():
+        if config.data.validate and exists_for_all(data_paths(config.data.dir, "val")[0]):
             val_source = make_source(config, "val", dim, neighbour_source=train_source)
             val_lengths = corpus_lengths(
                 val_source,
