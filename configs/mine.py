@@ -175,7 +175,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "shared":  # docs/mining.md: two iterations on a subset of the shared filings
         # Sized for a contended 2-core CPU (training and encoding dominate): 8 mining filings of
         # 60 chunks each, 10 short FinanceBench evidence filings (~400k characters) whole.
-        config.data.filings = "../shared/data/financebench/filings.jsonl.gz"
+        config.data.filings = "data/financebench/filings.jsonl.gz"  # scripts/build_filings.py
         config.chunk.val_fraction = 0.2
         config.chunk.test_fraction = 0.2
         config.data.max_docs = 8
@@ -190,12 +190,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.batch_size = 8
         config.train.max_steps = 25
         config.optim.lr = 5e-5
-        config.eval.financebench = "../shared/data/financebench/financebench_open_source.jsonl"
+        config.eval.financebench = "data/sample/financebench_open_source.jsonl.gz"  # bundled
     elif arg in ("smollm2", "smollm2_offline", "smollm2_2h", "smollm2_2h_offline"):
         # docs/mining.md "Real LLM run": SmolLM2-135M-Instruct on a local llama.cpp server
         # (scripts/llm_server.py) for queries and judging, or the offline backends at the same
         # size; both end with the final evaluation judged by all-mpnet-base-v2.
-        config.data.filings = "../shared/data/financebench/filings.jsonl.gz"
+        config.data.filings = "data/financebench/filings.jsonl.gz"  # scripts/build_filings.py
         config.data.eval_docs = False
         config.data.max_docs = 8
         config.data.max_chunks_per_doc = 30

@@ -15,7 +15,8 @@ from configs import demo
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
     config = demo.get_config()
-    config.prepare.input = "../shared/data/financebench/filings.jsonl.gz"
+    # The FinanceBench filings where scripts/build_filings.py writes them (docs/guide.md).
+    config.prepare.input = "data/financebench/filings.jsonl.gz"
     config.prepare.heldout_fraction = 0.1
     config.prepare.max_passages = 3200
     config.prepare.max_val_passages = 256
