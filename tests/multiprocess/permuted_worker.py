@@ -40,8 +40,10 @@ def make_loader(source, tokenizer, *, process_index, process_count, process_rows
     ))  # fmt: skip
 
 
-def train(params, graphdef, loader, mesh):
-    """STEPS steps over `mesh` (None: plain jit on this process's default device)."""
+@functools.cache
+def step_functions(graphdef):
+    """The init and step functions, made once: the two sharded trainings then trace and
+    compile their programs once (they differ only in their batches' rows)."""
     optimizer = optim.make_optimizer(
         lr=LR, weight_decay=0.01, warmup_frac=0.0, total_steps=100, schedule="constant",
         cycles=1, b1=0.9, b2=0.999, eps=1e-8, clip_norm=1.0, accum_steps=1,
@@ -51,7 +53,12 @@ def train(params, graphdef, loader, mesh):
         step.train_step, graphdef=graphdef, optimizer=optimizer, schedule=schedule, lam=0.5,
         margin=0.05, reduction="batch",
     )  # fmt: skip
-    init = functools.partial(step.init_state, optimizer=optimizer, seed=0)
+    return functools.partial(step.init_state, optimizer=optimizer, seed=0), train_step
+
+
+def train(params, graphdef, loader, mesh):
+    """STEPS steps over `mesh` (None: plain jit on this process's default device)."""
+    init, train_step = step_functions(graphdef)
     if mesh is None:
         state = jax.jit(init)(params)
         for _ in range(STEPS):

@@ -1,18 +1,24 @@
 """The compact pi(x) layout stays correct when the mesh's device order does not follow processes."""
 
 import json
+import os
 import sys
 
 import pytest
 
+from tests.conftest import IN_PROCESS_OPT_LEVEL, with_opt_level
 from tests.multiprocess.conftest import launch
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(50)]
 
 
-def test_permuted_device_order_matches_one_process(data_dir, tmp_path):
+def test_permuted_device_order_matches_one_process(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
+    # The worker is the test's own program, not an entry point: its steps compile at the tests'
+    # level, as in-process tests do (tests/conftest.py).
+    monkeypatch.setenv("XLA_FLAGS", with_opt_level(os.environ.get("XLA_FLAGS"),
+                                                   IN_PROCESS_OPT_LEVEL))  # fmt: skip
     run = launch(2, sys.executable, "-m", "tests.multiprocess.permuted_worker", str(data_dir),
                  str(out), log=tmp_path / "worker.log")  # fmt: skip
     run.check()
