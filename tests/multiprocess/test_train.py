@@ -3,9 +3,10 @@
 Parity of the packed step every config trains with (one program per row count, each program
 finished before the next is issued on a CPU of several devices: issue #34's deadlock), kill -9 of
 one process then a restart of both (bit-identical to an uninterrupted run), SIGTERM to one process
-(all agree on a step, checkpoint and exit 75), and the 2-process checkpoint exported by a single
-process. The 2-process run uses `file://` URLs for its work and data directories, so train,
-checkpoint and export go through epath end to end.
+(all agree on a step, checkpoint and exit 75; per-host data copies, token lengths in process 0's
+only), and the 2-process checkpoint exported by a single process. The 2-process run uses
+`file://` URLs for its work and data directories, so train, checkpoint and export go through
+epath end to end.
 """
 
 import json
@@ -184,30 +185,11 @@ def test_kill_one_process_then_restart_both_is_bit_identical(runs, data_dir, tmp
 
 
 def test_sigterm_to_one_process_checkpoints_everywhere_and_exits_75(data_dir, tmp_path):
-    workdir = tmp_path / "term"
-    run = launch(2, *train_command(data_dir, workdir, "--config.total_steps=400",
-                                   "--config.checkpoint_every=100", "--config.eval_every=1000"),
-                 log=tmp_path / "term.log")  # fmt: skip
-    metrics = workdir / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
-    os.kill(run.pids()[1], signal.SIGTERM)  # only process 1: process 0 must learn it
-    assert run.wait() == 75, run.tail()  # EX_TEMPFAIL: checkpointed, rerun to resume
-    # Both stopped on their own (the launcher waits for a preempted run's peers, no SIGKILL).
-    output = run.output()
-    exits = re.findall(r"local_multiprocess: process (\d+) exited with (\d+)", output)
-    assert sorted(exits) == [("0", "75"), ("1", "75")], run.tail()
-    assert output.count("stopped by SIGTERM at step") == 2, run.tail()
-    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
-    assert steps and 3 <= max(steps) < 400, steps
-    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert max(logged) == max(steps)  # process 0 stopped at the agreed step
-
-
-def test_token_lengths_kept_where_only_process_0_sees_them(data_dir, tmp_path):
-    """Per-host copies of the data: process 0's copy holds the token lengths `prepare` kept,
-    process 1's does not. Process 0 decides for both and hands them its lengths; a process 1
-    that looked for itself tokenized and waited in a gather process 0 never entered (the
-    watchdog's stall, requeued to hang again)."""
+    """SIGTERM to process 1: all agree on a step, checkpoint and exit 75. The run reads per-host
+    copies of the data: process 0's copy holds the token lengths `prepare` kept, process 1's does
+    not. Process 0 decides for both and hands them its lengths; a process 1 that looked for
+    itself tokenized and waited in a gather process 0 never entered (the watchdog's stall,
+    requeued to hang again)."""
     from caliber_jax import train as train_lib
     from configs import demo
 
@@ -221,12 +203,25 @@ def test_token_lengths_kept_where_only_process_0_sees_them(data_dir, tmp_path):
     config.data.dir, config.data.max_length = str(copies[0]), 48
     assert train_lib.keep_token_lengths(config) == ["train", "val"]
     kept = sorted((copies[0] / "token_lengths").iterdir())
-    workdir = tmp_path / "run"
-    command = train_command("unused", workdir, "--config.watchdog_factor=1",
-                            "--config.watchdog_min_s=150")  # fmt: skip
+    workdir = tmp_path / "term"
+    command = train_command(
+        "unused", workdir, "--config.total_steps=400", "--config.checkpoint_every=100",
+        "--config.eval_every=1000", "--config.watchdog_factor=1", "--config.watchdog_min_s=150",
+    )  # fmt: skip
     per_process = f'exec "$@" --config.data.dir={tmp_path}/copy$JAX_PROCESS_ID'
-    run = launch(2, "bash", "-c", per_process, "bash", *command, log=tmp_path / "run.log")
-    run.check()
+    run = launch(2, "bash", "-c", per_process, "bash", *command, log=tmp_path / "term.log")
+    metrics = workdir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
+    os.kill(run.pids()[1], signal.SIGTERM)  # only process 1: process 0 must learn it
+    assert run.wait() == 75, run.tail()  # EX_TEMPFAIL: checkpointed, rerun to resume
+    # Both stopped on their own (the launcher waits for a preempted run's peers, no SIGKILL).
+    output = run.output()
+    exits = re.findall(r"local_multiprocess: process (\d+) exited with (\d+)", output)
+    assert sorted(exits) == [("0", "75"), ("1", "75")], run.tail()
+    assert output.count("stopped by SIGTERM at step") == 2, run.tail()
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps and 3 <= max(steps) < 400, steps
+    logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert max(logged) == max(steps)  # process 0 stopped at the agreed step
     assert not (copies[1] / "token_lengths").exists()  # process 1 neither tokenized nor wrote
     assert sorted((copies[0] / "token_lengths").iterdir()) == kept
-    assert json.loads((workdir / "summary.json").read_text())["step"] == 6
