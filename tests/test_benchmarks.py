@@ -447,56 +447,6 @@ def test_end_to_end_benchmark_on_the_sample_filings(tmp_path):
     assert float(lines[-1].split("=")[1]) == pytest.approx(ratio, rel=1e-2)
 
 
-@pytest.mark.slow(40)
-def test_train_benchmark_loads_the_step_train_compiled(tmp_path, filing_passages):
-    """`caliber_jax.train` over a toy split, then train_throughput on its data, model and cache:
-    the benchmark's JAX step programs are train's, byte for byte (the persistent cache's key is a
-    hash of the program), so each one loads from train's cache instead of compiling; any
-    difference (the schedule, the loss, the model settings, the row count) is a miss here."""
-    from caliber_jax.data import corpus
-
-    student = common.random_qwen3(common.QWEN3_TINY, seed=0)
-    model, data, cache = tmp_path / "model", tmp_path / "data", tmp_path / "xla_cache"
-    tokenizer = tokenization.build_qwen3_tokenizer()
-    embedding.save_pretrained(
-        model, student.spec, student.flat, tokenizer=tokenizer, max_seq_length=64
-    )
-    texts = filing_passages[:16]  # two steps of 8
-    perturbed = common.choose_perturbations(texts, share=0.4, seed=0)
-    rows = zip(texts, perturbed, strict=True)
-    corpus.save_jsonl(data / "train.jsonl", ({"id": str(i), "text": text, "perturbed": pert or None}
-                                             for i, (text, pert) in enumerate(rows)))  # fmt: skip
-    common.write_teacher_stores(data / "teacher_train", texts, perturbed,
-                                dim=student.config.width, seed=0)  # fmt: skip
-    trained = subprocess.run(
-        [sys.executable, "-m", "caliber_jax.train", "--config=configs/caliber.py",
-         f"--workdir={tmp_path / 'run'}", f"--compilation_cache={cache}",
-         f"--config.model.init_dir={model}", f"--config.data.dir={data}",
-         "--config.data.validate=False", "--config.tensorboard=False",
-         "--config.data.max_length=64", "--config.batch_size=8"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    config = common.load_config("configs/caliber.py").model
-    bench = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "train_throughput.py"), "--preset",
-         "gpu-qwen3-0.6b", "--data-dir", str(data), "--init-dir", str(model), "--batch-size", "8",
-         "--max-length", "64", "--dtype", config.dtype, "--remat", config.remat,
-         "--jax-attention", config.attention, "--scan-layers", str(int(config.scan_layers)),
-         "--compile-cache", str(cache), "--num-batches", "2", "--repeats", "1", "--min-steps",
-         "1", "--pool", "16", "--peak-flops", "1e12", "--skip-torch"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert bench.returncode == 0, bench.stderr[-3000:]
-    values = dict(re.findall(r"^(\w+)=(\S+)", bench.stdout, re.MULTILINE))
-    # Both of the epoch's steps timed; the schedule is that epoch's.
-    assert values["epoch_steps"] == "2" and "schedule_steps=2 " in bench.stdout
-    # Launched, the benchmark retains freed host memory as the entry points do (where glibc can).
-    assert values["host_malloc"] in ("retain", "default")
-    programs = int(values["jax_step_programs"])
-    assert programs >= 1 and int(values["jax_step_cache_hits"]) == programs, bench.stdout
-
-
 @pytest.mark.parametrize("module", [train_throughput, encode_throughput])
 def test_a_missing_filings_file_is_one_line_and_status_2(capsys, tmp_path, module):
     # As a fresh clone without ../shared meets the default path: one line, no traceback.
