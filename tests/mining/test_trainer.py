@@ -5,8 +5,9 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
-from caliber_jax import export
+from caliber_jax import export, sharding
 from caliber_jax.embedder import Embedder
 from caliber_jax.mining import trainer
 from configs import mine
@@ -14,6 +15,19 @@ from configs import mine
 # configs/mine.py's optimiser fields, at a constant 1e-3 without weight decay or warm-up.
 OPTIM = dict(mine.get_config().optim, lr=1e-3, weight_decay=0.0, warmup_frac=0.0,
              schedule="constant")  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def two_device_mesh(monkeypatch):
+    """The trainer's mesh over 2 of the tests' 8 simulated devices: the same sharded programs
+    (batch split over the data axis), built and run faster on 2 cores (as test_train.py's
+    `packed_run`)."""
+    make_mesh = sharding.make_mesh
+
+    def two_devices(*, devices=None, **kwargs):
+        return make_mesh(devices=jax.devices()[:2] if devices is None else devices, **kwargs)
+
+    monkeypatch.setattr(sharding, "make_mesh", two_devices)
 
 
 def _train_args(workdir, minilm_dir, **overrides) -> dict:
