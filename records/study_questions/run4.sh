@@ -40,6 +40,11 @@ arm() {  # name weight
     --numgap=$OUT/data_filing/numgap_dev.jsonl --max_length=256 --tasks=numgap
   log "$name trained, exported, NumGap dev scored"
 }
+if [ "$SEED" != 0 ]; then  # the candidate's next seed (round 3's rule, step 3)
+  arm anchor_q4_s$SEED 4.0
+  log "seed $SEED done"
+  exit 0
+fi
 arm anchor_q1 1.0
 arm anchor_q4 4.0
 for style in filing plain; do
