@@ -688,10 +688,30 @@ def _training_sentences(spec: dict, root: Path) -> list[str]:
         edits_sentence(prepare),
         f"AdamW, learning rate {config['optim']['lr']:g}, {config['data']['max_length']}-token "
         f"passages, seed {config['seed']}, float32.",
+        *_anchor_sentences(spec, root),
         "FinanceBench's evaluation filings were left out of training; NumGap's records come from "
         "filings held out of training.",
-        "The recipe (contrastive weight and the scale swaps) was chosen on dev sets alone. Seed 0 "
-        "was shipped by a rule fixed before any test score was read.",
+        "The recipe (contrastive weight and the scale swaps"
+        + (", step 3's question weight" if spec["student"].get("anchor_run") else "")
+        + ") was chosen on dev sets alone. Seed 0 was shipped by a rule fixed before any test "
+        "score was read.",
+    ]
+
+
+def _anchor_sentences(spec: dict, root: Path) -> list[str]:
+    """Step 3 where the spec names an `anchor_run`: the question side moved to the teacher's
+    while each passage and its perturbation keep step 2's own vectors (its targets)."""
+    if not spec["student"].get("anchor_run"):
+        return []
+    run = root / spec["student"]["anchor_run"]
+    config = json.loads((run / "config.json").read_text())
+    steps = json.loads((run / "summary.json").read_text())["step"]
+    return [
+        f"Step 3: {steps:,} steps of batch {config['batch_size']} on the same kind of data. Each "
+        "passage and its perturbation are held at the vectors step 2's model gives them, while the "
+        "student's question vectors are pulled onto the teacher's (weight "
+        f"{config['loss']['query_align_weight']:g}): the question side moves, the passage side "
+        "and its numeric separation stay.",
     ]
 
 
