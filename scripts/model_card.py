@@ -707,8 +707,11 @@ def _anchor_sentences(spec: dict, root: Path) -> list[str]:
     config = json.loads((run / "config.json").read_text())
     steps = json.loads((run / "summary.json").read_text())["step"]
     return [
-        f"Step 3: {steps:,} steps of batch {config['batch_size']} on the same kind of data. Each "
-        "passage and its perturbation are held at the vectors step 2's model gives them, while the "
+        f"Step 3: {steps:,} steps of batch {config['batch_size']} on "
+        f"{config['prepare']['max_passages']:,} such passages and questions"
+        + (", bfloat16 compute" if config["model"]["dtype"] in ("auto", "bfloat16") else "")
+        + ". Each passage and its perturbation are held at the vectors step 2's model gives them, "
+        "while the "
         "student's question vectors are pulled onto the teacher's (weight "
         f"{config['loss']['query_align_weight']:g}): the question side moves, the passage side "
         "and its numeric separation stay.",
