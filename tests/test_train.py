@@ -1,5 +1,6 @@
 """The training entry point, run as users run it: overrides, crash + resume, non-finite stop."""
 
+import ast
 import json
 import os
 import re
@@ -54,6 +55,42 @@ def train(data_dir, workdir, *extra, wait=True, devices=1):
         "caliber_jax.train", f"--config.data.dir={data_dir}", f"--workdir={workdir}", *TINY, *extra,
         wait=wait, devices=devices,
     )  # fmt: skip
+
+
+def train_in_process(data_dir, workdir, *extra, devices=1):
+    """`train`'s run (configs/demo.py, TINY, then `extra` as `--config.a.b=value` overrides) as
+    `caliber_jax.train.train(config, workdir)` in this process, its mesh over the first `devices`
+    of the tests' 8 simulated ones: the same sharded programs as a launch on `devices` devices,
+    without a launch's ~3 s of imports, and built from this process's caches (each step finishes
+    before the next is issued, `TrainingPath.in_order`: the process has 8 devices). For what
+    needs no process boundary (the CLI's flags, exit statuses and one-line errors are checked by
+    the launches above). Returns the summary `train()` returns."""
+    import jax
+
+    from caliber_jax import sharding
+    from caliber_jax import train as train_lib
+    from configs import demo
+
+    count = devices
+    config = demo.get_config()
+    config.lock()  # a mistyped override fails, as with the CLI's lock_config=True
+    for override in (f"--config.data.dir={data_dir}", *TINY, *extra):
+        path, _, value = override.removeprefix("--config.").partition("=")
+        *nodes, name = path.split(".")
+        node = config
+        for part in nodes:
+            node = node[part]
+        # As the CLI reads a value: a Python literal, except for a string field.
+        node[name] = value if isinstance(node[name], str) else ast.literal_eval(value)
+    make_mesh = sharding.make_mesh
+
+    def first_devices(*, fsdp=1, devices=None):
+        assert devices is None
+        return make_mesh(fsdp=fsdp, devices=jax.devices()[:count])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sharding, "make_mesh", first_devices)
+        return train_lib.train(config, str(workdir))
 
 
 def test_overrides_reach_the_config_and_typos_fail(data_dir, tmp_path):
@@ -225,10 +262,10 @@ def _flatten(tree, prefix=""):
 
 @pytest.mark.slow(40)
 def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "fall", "--config.total_steps=24",
-                   "--config.checkpoint_every=24", "--config.eval_every=24",
-                   "--config.eval_at_start=True")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    summary = train_in_process(data_dir, tmp_path / "fall", "--config.total_steps=24",
+                               "--config.checkpoint_every=24", "--config.eval_every=24",
+                               "--config.eval_at_start=True")  # fmt: skip
+    assert summary["step"] == 24
     lines = (tmp_path / "fall" / "metrics.jsonl").read_text().splitlines()
     losses = [json.loads(line)["train/loss"] for line in lines if "train/loss" in line]
     assert len(losses) == 24
@@ -242,10 +279,10 @@ def test_demo_loss_falls_over_two_dozen_steps(data_dir, tmp_path):
 def test_accumulation_counts_updates(data_dir, tmp_path):
     """The logged lr is the optimizer's own schedule, counted in updates, with the config's
     `end_lr_frac` (a schedule built apart from the optimizer once logged it without)."""
-    result = train(data_dir, tmp_path / "acc", "--config.total_steps=6",
-                   "--config.optim.accum_steps=2", "--config.optim.warmup_frac=0.34",
-                   "--config.optim.end_lr_frac=0.5")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    summary = train_in_process(data_dir, tmp_path / "acc", "--config.total_steps=6",
+                               "--config.optim.accum_steps=2", "--config.optim.warmup_frac=0.34",
+                               "--config.optim.end_lr_frac=0.5")  # fmt: skip
+    assert summary["step"] == 6
     lines = [
         json.loads(line) for line in (tmp_path / "acc" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -264,7 +301,7 @@ class PackedRun(NamedTuple):
 @pytest.fixture(scope="module")
 def packed_run(data_dir, tmp_path_factory):
     """`packed_run(compile_ahead)`: a finished run of TINY at batch 16 in packed rows of 48
-    tokens on 2 devices, each setting trained once per module.
+    tokens on 2 devices (`train_in_process`), each setting trained once per module.
 
     About one sequence per row, the row counts a multiple of 2 devices (data parallel): the 16 x
     and their pi(x) take one of the ladder's row counts by step, so a run meets two or more step
@@ -275,11 +312,9 @@ def packed_run(data_dir, tmp_path_factory):
     def run(ahead: bool) -> PackedRun:
         if ahead not in done:
             workdir = root / f"ahead_{ahead}"
-            result = train(data_dir, workdir, f"--config.compile_ahead={ahead}",
-                           "--config.batch_size=16", "--config.data.pack_length=48",
-                           devices=2)  # fmt: skip
-            assert result.returncode == 0, result.stderr[-3000:]
-            summary = json.loads((workdir / "summary.json").read_text())
+            summary = train_in_process(data_dir, workdir, f"--config.compile_ahead={ahead}",
+                                       "--config.batch_size=16", "--config.data.pack_length=48",
+                                       devices=2)  # fmt: skip
             params = _flatten(checkpoint.restore_params(workdir / "checkpoints")[0])
             done[ahead] = PackedRun(params, summary, workdir)
         return done[ahead]
@@ -379,7 +414,7 @@ def test_input_errors_are_one_line(data_dir, tmp_path):
 
 
 def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
-    tmp_path_factory, tmp_path
+    tmp_path_factory, tmp_path, capsys
 ):
     """model.w_out_init="lstsq": W_out (384 -> 128, teacher MRL-truncated to 128) is fitted once
     before step 0, kept in the workdir, and `export --interpolate 0` writes exactly that start."""
@@ -395,9 +430,9 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
     assert result.returncode == 0, result.stderr[-3000:]
     first = {}
     for init in ("xavier", "lstsq"):
-        result = train(data, tmp_path / init, *dim, f"--config.model.w_out_init={init}",
-                       "--config.total_steps=1")  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
+        summary = train_in_process(data, tmp_path / init, *dim, f"--config.model.w_out_init={init}",
+                                   "--config.total_steps=1")  # fmt: skip
+        assert summary["step"] == 1
         lines = (tmp_path / init / "metrics.jsonl").read_text().splitlines()
         first[init] = next(json.loads(line) for line in lines if "train/loss" in line)
     fitted = tmp_path / "lstsq" / w_out_init.FILE
@@ -405,7 +440,7 @@ def test_least_squares_w_out_starts_near_the_teacher_and_export_blends_from_it(
     with safe_open(fitted, framework="np") as opened:
         report = json.loads(opened.metadata()["report"])
     assert report["rows"] == 64 and report["heldout_rows"] == 6
-    assert "W_out fitted by least squares" in result.stderr
+    assert "W_out fitted by least squares" in capsys.readouterr().err
     # A random projection starts at cos ~0 to the teacher (||s - t|| ~ sqrt 2); the fitted one
     # points at it on the passages it was fitted on.
     assert first["xavier"]["train/align_x"] > 1.2
