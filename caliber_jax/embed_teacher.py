@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
@@ -104,28 +105,53 @@ def reusable_vectors(source_dir: str, dim: int, expect: dict) -> dict[str, np.nd
     return known
 
 
+def passage_teacher(teacher_config):
+    """`teacher_config` with `passage_model_dir` as its model (None when it names none): the
+    encoder of the passages and their perturbations."""
+    other = teacher_config.get("passage_model_dir", "")
+    if not other:
+        return None
+    config = teacher_config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model_dir = other
+    return config
+
+
 def embed_split(
-    config, split: str, model: embedder.Embedder, dim: int, known: dict | None = None
+    config, split: str, model: embedder.Embedder, dim: int, known: dict | None = None,
+    passage_model: embedder.Embedder | None = None,
 ) -> list[Path]:
     """Encodes the split's passages, perturbations and queries into its stores; texts in `known`
-    (`reusable_vectors`) are copied instead."""
+    (`reusable_vectors`) are copied instead. `passage_model` (`teacher.passage_model_dir`), when
+    given, encodes the passages and perturbations; `model` the queries."""
     passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
     out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {**teacher_metadata(config, model), "passages": str(passages)}
+    if passage_model is not None:
+        of_passages = ml_collections.ConfigDict({"teacher": passage_teacher(config.teacher)})
+        passage_metadata = {**teacher_metadata(of_passages, passage_model),
+                            "passages": str(passages)}  # fmt: skip
 
     # Either backend fills batches by token budget when the config gives one
     # (`padding.batch_plan`); 0 = `batch_size` rows a batch.
     budget = config.teacher.get("tokens_per_batch", 0)
     extra = {"tokens_per_batch": budget} if budget else {}
 
-    def encode_fn(batch: list[str]) -> np.ndarray:
-        return model.encode(
-            batch, batch_size=config.teacher.batch_size, max_length=config.teacher.max_length,
-            **extra,
-        )  # fmt: skip
+    def encode_with(encoder):
+        def encode_fn(batch: list[str]) -> np.ndarray:
+            return encoder.encode(
+                batch, batch_size=config.teacher.batch_size,
+                max_length=config.teacher.max_length, **extra,
+            )  # fmt: skip
+
+        return encode_fn
 
     written = []
     for name, rows in split_rows(passages).items():
+        encoder, store_metadata = model, metadata
+        if passage_model is not None and name in ("x", "px"):
+            encoder, store_metadata = passage_model, passage_metadata
+        encode_fn = encode_with(encoder)
         if name != "x" and not any(rows):
             continue
         if known:
@@ -141,7 +167,7 @@ def embed_split(
             chunk_rows=config.teacher.chunk_rows,
             process_index=jax.process_index(),
             process_count=jax.process_count(),
-            metadata=metadata,
+            metadata=store_metadata,
             known=known,
         )
         written.append(out / name)
@@ -203,14 +229,21 @@ def main(argv: Sequence[str]) -> None:
         )  # fmt: skip
     else:
         model = load_teacher(config.teacher)
-        if model.dim < dim:
-            raise ValueError(f"teacher dim {model.dim} < student dim {dim}: cannot MRL-truncate")
+        passage_config = passage_teacher(config.teacher)
+        if passage_config is not None and values.reuse_from:
+            raise app.UsageError("--reuse_from with config.teacher.passage_model_dir: the stores "
+                                 "come from two models; encode them afresh")  # fmt: skip
+        passage_model = load_teacher(passage_config) if passage_config is not None else None
+        for name, encoder in (("teacher", model), ("passage model", passage_model)):
+            if encoder is not None and encoder.dim < dim:
+                raise ValueError(f"{name} dim {encoder.dim} < student dim {dim}: cannot "
+                                 "MRL-truncate")  # fmt: skip
         known = None
         if values.reuse_from:
             known = reusable_vectors(values.reuse_from, dim, teacher_metadata(config, model))
         stores = []
         for split in present_splits(config.data.dir, values.splits):
-            stores += embed_split(config, split, model, dim, known)
+            stores += embed_split(config, split, model, dim, known, passage_model=passage_model)
     for path in stores:
         print(path)
 

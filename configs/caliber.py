@@ -86,6 +86,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.teacher.param_dtype = "bfloat16"
     config.teacher.data_parallel = True
     config.teacher.attention = "xla"
+    # Another model for the passages and their perturbations ("" = model_dir for every store):
+    # `embed_teacher` encodes x and pi(x) with it and the questions with model_dir, so a phase
+    # can hold its passages where a start model put them while its questions move to the
+    # teacher's (configs/headline.py variant `anchor`). Same backend, pooling and dtype.
+    config.teacher.passage_model_dir = ""
 
     config.data = ml_collections.ConfigDict()
     config.data.dir = "runs/caliber/data"  # prepare's output; teacher stores go inside

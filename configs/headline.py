@@ -61,7 +61,16 @@ in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,c1,scal
 candidate (the one the full-size dev choice chose).
 Variant `filing`: the offline questions name the filing's company and fiscal period
 (`prepare.query_style = "filing"`), data in `<data dir>_filing`. Variant `qalign`: the student's
-question vectors aligned to the teacher's (`loss.query_align_weight` 1).
+question vectors aligned to the teacher's (`loss.query_align_weight` 1). Variant `anchor` (the
+shipped student's last phase, 100 steps from `--config.model.init_dir`, e.g. Minednum c1 scales's
+export): passages and their edits held at that start's own vectors, questions aligned to the
+teacher's at weight 4, data in `<data dir>_anchor`:
+
+    python -m caliber_jax.prepare --config configs/headline.py:anchor,scales --config.prepare.input=F
+    python -m caliber_jax.embed_teacher --config configs/headline.py:anchor,scales \
+        --config.model.init_dir=START            # passages by START, questions by the teacher
+    python -m caliber_jax.train --config configs/headline.py:anchor,scales \
+        --config.model.init_dir=START --workdir runs/anchor
 Variant `c<weight>` (with `mined` or `minednum`): the contrastive term's weight, e.g. `c0.1`; the
 dev choice's candidates are written so (`scripts/study_headline.py:MINED_PILOTS`), and
 `--preset headline-chosen` trains the chosen one's seeds by its variant string.
@@ -87,7 +96,7 @@ MINED_CONTRASTIVE_WEIGHT = 1.0
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variants = set(arg.split(",")) if arg else set()
     known = {"verify", "query", "distill", "quantity", "late", "late800", "mined", "minednum",
-             "scales", "filing", "qalign"}  # fmt: skip
+             "scales", "filing", "qalign", "anchor"}  # fmt: skip
     weights = {v for v in variants if v.startswith("c") and _is_number(v[1:])}
     if weights and not variants & {"mined", "minednum"}:
         raise ValueError(
@@ -128,6 +137,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.perturb_weight = 1.0
         config.loss.structure_weight = 0.0
         config.loss.query_weight = 0.0
+    if "anchor" in variants:
+        variants.add("minednum")  # the mined passages and their questions
     if "minednum" in variants:
         variants.add("mined")
     if "mined" in variants:
@@ -213,6 +224,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "qalign" in variants:
         # LEAF's alignment on the questions too: ||s(q) - t(q)|| at weight 1, the passages'.
         config.loss.query_align_weight = 1.0
+    if "anchor" in variants:
+        # From a student (--config.model.init_dir), its question side moved, its passage side
+        # held: the passages' and their edits' targets are that student's own vectors
+        # (`teacher.passage_model_dir` follows model.init_dir), the questions' the teacher's;
+        # LEAF's alignment on all three, question alignment at weight 4 (the dev choice over 1,
+        # records/study_questions/). The shipped student is this phase from Minednum c1 scales.
+        config.loss.objective = "caliber"
+        config.loss.lam = 0.0
+        config.loss.perturb_weight = 1.0
+        config.loss.structure_weight = 0.0
+        config.loss.contrastive_weight = 0.0
+        config.loss.query_align_weight = 4.0
+        config.total_steps = 100
+        config.teacher.passage_model_dir = config.model.get_ref("init_dir")
+        config.data.dir += "_anchor"
     return config
 
 

@@ -144,3 +144,55 @@ def test_a_wrong_import_file_leaves_no_store_behind(tmp_path):
     assert run("x.npy", "px.npy") == [store / "x", store / "px"]
     reader = teacher.open_reader(store / "x", expect_rows=2, expect_dim=256)
     assert reader.metadata["native_dim"] == 512
+
+
+
+def test_passage_model_encodes_passages_and_perturbations_the_teacher_questions(tmp_path):
+    """`teacher.passage_model_dir`: x and pi(x) are the passage model's vectors, q the teacher's
+    (here the demo's MiniLM teacher and a copy of it with its last layer's output bias moved,
+    which encodes differently), each store naming the model that wrote it."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from caliber_jax.embedder import Embedder
+    from configs import demo
+
+    rows = [{"id": "a:0", "text": "Revenue rose 5% to $10 million.",
+             "perturbed": "Revenue rose 5% to $10 billion.", "query": "How much did revenue rise?"},
+            {"id": "a:1", "text": "Net loss was $3.2 billion in 2020.", "perturbed": None,
+             "query": "What was the net loss in 2020?"}]  # fmt: skip
+    corpus.save_jsonl(tmp_path / "data" / "train.jsonl", rows)
+    teacher_dir, other = Path(demo.minilm_dir()), tmp_path / "other"
+    shutil.copytree(teacher_dir, other)
+    weights = load_file(teacher_dir / "model.safetensors")
+    bias = "encoder.layer.5.output.dense.bias"
+    weights[bias] = weights[bias] + np.random.default_rng(0).normal(0, 0.5, weights[bias].shape
+                                                                   ).astype(weights[bias].dtype)
+    save_file(weights, other / "model.safetensors")
+
+    result = _embed(tmp_path / "data", f"--config.teacher.passage_model_dir={other}")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def stored(name: str) -> np.ndarray:
+        reader = teacher.open_reader(tmp_path / "data" / "teacher_train" / name, expect_rows=2,
+                                     expect_dim=384)  # fmt: skip
+        return reader[np.arange(2)]
+
+    def encode(model_dir: Path, texts: list[str]) -> np.ndarray:
+        return np.asarray(Embedder.from_pretrained(model_dir, dtype="float32").encode(
+            texts, max_length=128))  # fmt: skip
+
+    np.testing.assert_allclose(stored("x"), encode(other, [r["text"] for r in rows]), atol=1e-5)
+    np.testing.assert_allclose(stored("px")[:1], encode(other, [rows[0]["perturbed"]]), atol=1e-5)
+    np.testing.assert_allclose(stored("q"), encode(teacher_dir, [r["query"] for r in rows]),
+                               atol=1e-5)  # fmt: skip
+    # ... and the two models do differ on these texts, so the test tells them apart.
+    assert np.abs(encode(teacher_dir, [rows[0]["text"]]) - stored("x")[:1]).max() > 1e-2
+    meta = {name: json.loads((tmp_path / "data" / "teacher_train" / name / "metadata.json")
+                             .read_text())["teacher"] for name in ("x", "px", "q")}  # fmt: skip
+    assert meta == {"x": str(other), "px": str(other), "q": str(teacher_dir)}
+    # Reusing another folder's vectors would mix two models' stores: refused in one line.
+    bad = _embed(tmp_path / "data", f"--config.teacher.passage_model_dir={other}",
+                 f"--reuse_from={tmp_path / 'data'}")  # fmt: skip
+    assert bad.returncode != 0 and "passage_model_dir" in bad.stderr
