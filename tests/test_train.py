@@ -218,10 +218,10 @@ def test_watchdog_ends_a_run_that_hangs_in_start_up(data_dir, tmp_path):
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "nan", "--config.optim.lr=1e30",
-                   "--config.optim.clip_norm=0", "--config.checkpoint_every=1")  # fmt: skip
-    assert result.returncode != 0
-    assert "non-finite" in result.stderr
+    # FloatingPointError is one of the CLI's one-line user errors (cli.USER_ERRORS, exit 2).
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        train_in_process(data_dir, tmp_path / "nan", "--config.optim.lr=1e30",
+                         "--config.optim.clip_norm=0", "--config.checkpoint_every=1")  # fmt: skip
     steps = [int(p.name) for p in (tmp_path / "nan" / "checkpoints").iterdir() if p.name.isdigit()]
     if steps:  # every checkpoint left behind holds finite params
         params, _ = checkpoint.restore_params(tmp_path / "nan" / "checkpoints")
@@ -511,19 +511,14 @@ def test_a_config_error_found_only_on_the_machine_is_refused_first_too():
 def test_train_gives_the_callers_signal_handlers_back(data_dir, tmp_path):
     """`train()` catches SIGTERM and Ctrl-C while it runs (checkpoint and stop); once it returns,
     the caller's handlers are back: a notebook or script that trains keeps its own Ctrl-C."""
-    from caliber_jax import train as train_lib
-    from configs import demo
-
-    config = demo.get_config()
-    config.data.dir, config.data.max_length, config.model.num_layers = str(data_dir), 48, 1
-    config.batch_size, config.total_steps, config.data.validate = 8, 1, False
 
     def mine(signum, frame):
         del signum, frame
 
     before = {signum: signal.signal(signum, mine) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        summary = train_lib.train(config, str(tmp_path / "run"))
+        summary = train_in_process(data_dir, tmp_path / "run", "--config.total_steps=1",
+                                   "--config.data.validate=False")  # fmt: skip
         assert summary["step"] == 1
         assert signal.getsignal(signal.SIGINT) is mine
         assert signal.getsignal(signal.SIGTERM) is mine
