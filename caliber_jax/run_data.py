@@ -5,16 +5,19 @@ and the token lengths (`length_cache`) over the run's processes.
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import ml_collections
 import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
-from transformers import PreTrainedTokenizerBase
 
 from caliber_jax import paths, tokenization
 from caliber_jax.data import length_cache, pipeline
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class TokenizeFn:
@@ -28,7 +31,7 @@ class TokenizeFn:
     of CPU to load, and four loader threads each loading their own held the first batch of
     configs/caliber.py back by ~5 s on 2 cores (docs/benchmarks_history.md, 2026-11-28)."""
 
-    def __init__(self, tokenizer_dir: str, tokenizer: PreTrainedTokenizerBase | None = None):
+    def __init__(self, tokenizer_dir: str, tokenizer: "PreTrainedTokenizerBase | None" = None):
         self.tokenizer_dir = tokenizer_dir
         if tokenizer is None:
             tokenizer = tokenization.load_tokenizer(tokenizer_dir)

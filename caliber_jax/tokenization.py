@@ -11,12 +11,17 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from absl import flags
-from tokenizers import processors
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from caliber_jax import cli, hub
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# transformers (~0.5 s to import) is imported where a tokenizer is loaded or built, not with this
+# module: a launch that stops before that (a flag typo, a refused config) skips it.
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -39,7 +44,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 
 def load_tokenizer(
     model_dir: str | os.PathLike, *, required: bool = True
-) -> PreTrainedTokenizerBase | None:
+) -> "PreTrainedTokenizerBase | None":
     """The tokenizer of a directory, or of a Hub id's snapshot (`hub.resolve_model_dir`); None if
     the directory has no tokenizer files and it is not required."""
     model_dir = hub.resolve_model_dir(model_dir)
@@ -54,6 +59,8 @@ def load_tokenizer(
     if (model_dir / "tokenizer.json").is_file():
         # The fast tokenizer file alone defines the tokenizer. Loading it directly skips
         # AutoTokenizer's model-config machinery, which imports torch (seconds per launch).
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast.from_pretrained(str(model_dir), local_files_only=True)
     from transformers import AutoTokenizer  # slow tokenizers (vocab files only)
 
@@ -70,8 +77,9 @@ def default_qwen_vocab_file() -> Path:
     return path
 
 
-def build_qwen3_tokenizer(vocab_file: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+def build_qwen3_tokenizer(vocab_file: str | os.PathLike | None = None) -> "PreTrainedTokenizerBase":
     """A HF fast tokenizer equal to Qwen3(-Embedding)'s, built from the tiktoken ranks."""
+    from tokenizers import processors
     from transformers.convert_slow_tokenizer import TikTokenConverter
     from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
 
@@ -123,7 +131,7 @@ _TOKENIZE_LOCK = threading.Lock()
 
 
 def tokenize(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, max_length: int
+    tokenizer: "PreTrainedTokenizerBase", texts: Sequence[str], *, max_length: int
 ) -> list[list[int]]:
     """Token ids with the tokenizer's special tokens, truncated to `max_length`, unpadded.
     Thread-safe (see _TOKENIZE_LOCK)."""
