@@ -60,12 +60,17 @@ def exists_for_all(path: epath.Path) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(found)))
 
 
+def passages_path(data_dir: str, split: str) -> epath.Path:
+    """A split's passages file, as `prepare` writes it (no collective: any process may ask)."""
+    return paths.as_path(data_dir) / f"{split}.jsonl"
+
+
 def data_paths(data_dir: str, split: str) -> tuple[epath.Path, epath.Path, epath.Path | None]:
     """Passages file and teacher stores of a split, as `prepare` and `embed_teacher` write them;
-    the perturbed rows' store None where process 0 has none (`exists_for_all`)."""
-    root = paths.as_path(data_dir)
-    passages = root / f"{split}.jsonl"
-    teacher_dir = root / f"teacher_{split}"
+    the perturbed rows' store None where process 0 has none (`exists_for_all`: a collective, so
+    every process calls this together)."""
+    passages = passages_path(data_dir, split)
+    teacher_dir = paths.as_path(data_dir) / f"teacher_{split}"
     px = teacher_dir / "px"
     return passages, teacher_dir / "x", px if exists_for_all(px) else None
 
@@ -144,7 +149,7 @@ def lengths_cache(config: ml_collections.ConfigDict, split: str, tokenizer_dir: 
     return length_cache.cache_path(
         config.data.dir,
         split,
-        passages=data_paths(config.data.dir, split)[0],
+        passages=passages_path(config.data.dir, split),
         tokenizer_dir=tokenizer_dir,
         max_length=config.data.max_length,
     )
@@ -167,7 +172,7 @@ def keep_token_lengths(config: ml_collections.ConfigDict) -> list[str] | None:
     tokenize_fn = TokenizeFn(tokenizer_dir)
     kept = []
     for split in ("train", "val"):
-        passages = data_paths(config.data.dir, split)[0]
+        passages = passages_path(config.data.dir, split)
         if passages.exists():
             cache = lengths_cache(config, split, tokenizer_dir)
             corpus_lengths(pipeline.PassageTexts(passages), tokenize_fn,

@@ -50,11 +50,11 @@ from caliber_jax.run_data import (
     TokenizeFn,
     batch_options,
     corpus_lengths,
-    data_paths,
     exists_for_all,
     keep_token_lengths,  # noqa: F401  (prepare's and the benchmarks' train.keep_token_lengths)
     lengths_cache,
     make_source,
+    passages_path,
     student_tokenizer_dir,
 )
 
@@ -453,7 +453,7 @@ def _train(
         marks.append(("train state", time.perf_counter()))
 
         val_factory = None
-        if config.data.validate and exists_for_all(data_paths(config.data.dir, "val")[0]):
+        if config.data.validate and exists_for_all(passages_path(config.data.dir, "val")):
             val_source = make_source(config, "val", dim, neighbour_source=train_source)
             val_lengths = corpus_lengths(
                 val_source,
