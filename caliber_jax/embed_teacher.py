@@ -12,6 +12,7 @@ killed job continues with the chunks it had not finished. Multi-host: each proce
 rows.
 """
 
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,31 +128,26 @@ def embed_split(
     passages = paths.as_path(config.data.dir) / f"{split}.jsonl"
     out = paths.as_path(config.data.dir) / f"teacher_{split}"
     metadata = {**teacher_metadata(config, model), "passages": str(passages)}
+    # Each store's encoder and metadata: the passage model (when given) for x and pi(x).
+    by_store = dict.fromkeys(("x", "px", "q"), (model, metadata))
     if passage_model is not None:
         of_passages = ml_collections.ConfigDict({"teacher": passage_teacher(config.teacher)})
         passage_metadata = {**teacher_metadata(of_passages, passage_model),
                             "passages": str(passages)}  # fmt: skip
+        by_store.update(dict.fromkeys(("x", "px"), (passage_model, passage_metadata)))
 
     # Either backend fills batches by token budget when the config gives one
     # (`padding.batch_plan`); 0 = `batch_size` rows a batch.
     budget = config.teacher.get("tokens_per_batch", 0)
     extra = {"tokens_per_batch": budget} if budget else {}
 
-    def encode_with(encoder):
-        def encode_fn(batch: list[str]) -> np.ndarray:
-            return encoder.encode(
-                batch, batch_size=config.teacher.batch_size,
-                max_length=config.teacher.max_length, **extra,
-            )  # fmt: skip
-
-        return encode_fn
-
     written = []
     for name, rows in split_rows(passages).items():
-        encoder, store_metadata = model, metadata
-        if passage_model is not None and name in ("x", "px"):
-            encoder, store_metadata = passage_model, passage_metadata
-        encode_fn = encode_with(encoder)
+        encoder, store_metadata = by_store[name]
+        encode_fn = functools.partial(
+            encoder.encode, batch_size=config.teacher.batch_size,
+            max_length=config.teacher.max_length, **extra,
+        )  # fmt: skip
         if name != "x" and not any(rows):
             continue
         if known:
