@@ -3,7 +3,7 @@
     python scripts/study.py --preset headline --seeds 0,1 \
         --filings data/financebench/filings.jsonl.gz
     python scripts/study.py --preset headline-verify \
-        --filings data/financebench/filings.jsonl.gz          # 32-42 min on 2 CPU cores
+        --filings data/financebench/filings.jsonl.gz          # ~35 min on 2 CPU cores
     python scripts/study.py --preset headline-pilot \
         --filings data/financebench/filings.jsonl.gz          # the choice, on NumGap dev
     python scripts/study.py --preset headline-soup --seeds 0,1 --filings ...  # weight-space blends
@@ -18,9 +18,10 @@ questions, then per seed train -> export -> evaluate (FinanceBench + NumGap test
 (records/study_mpnet_long/data/numgap_test.jsonl) and takes the Teacher, the fitted start and
 LEAF/Caliber long from that study's records, so the paired tests compare like with like (same
 start, passages and data order). `headline-verify` evaluates its own Teacher, start and plain
-all-MiniLM-L6-v2 on its own smaller NumGap set, after the mined phase and the chosen mined +
-numeric phase (`VERIFY_PHASES`) from its twin (side by side, `run_phases`); `headline-beyond` runs
-the mined and the earlier mined + numeric phase (`BEYOND_PHASES`) at full size.
+all-MiniLM-L6-v2 on its own smaller NumGap set, after the shipped student's recipe at its size
+(`VERIFY_PHASES`, `run_phases`): the chosen mined + numeric phase from its twin, then the anchor
+phase from that phase's export; `headline-beyond` runs the mined and the earlier mined + numeric
+phase (`BEYOND_PHASES`) at full size.
 `headline-pilot` trains each candidate of `PILOTS` for `PILOT_STEPS` steps on the headline's data
 (same start, passages and order) and scores it on NumGap *dev* and FinanceBench; the recipe is
 chosen on dev alone. `headline-soup` blends the headline run with its distilled twin (`run_soup`);
@@ -722,15 +723,16 @@ def run_late_blend(args, run: RunFn, run_graph: GraphFn | None = None) -> None:
 
 
 # The phases `--preset headline-verify` runs from its twin, and `--preset headline-beyond` from
-# each 2,000-step twin: the mined data alone and the mined data with the numeric
-# recipe. Since 2026-11-30 the verification preset's numeric phase is the recipe the full-size
-# dev choice chose (`minednum,c1,scales`: every scale swap both ways, docs/results.md); before,
-# `minednum` (records up to 9677986 in records/study_verify/*_clone/). The late recipe alone left
-# the verification preset on 2026-11-29 (about 9 of its minutes; Minednum is the late recipe plus
-# the mined data): `--preset headline-late-verify` runs it (records in records/study_verify/,
-# `default_record`); records/study_mined_verify/ keeps its rows of the earlier size (300 and 150
-# steps).
-VERIFY_PHASES = ("mined", "minednum,c1,scales")
+# each 2,000-step twin. Since 2026-12-02 the verification preset runs the shipped student's
+# recipe: the full-size dev choice `minednum,c1,scales` (every scale swap both ways,
+# docs/results.md) from the twin, then the anchor phase from its export (`anchor,scales`:
+# passages held at that export's own vectors, questions aligned to the teacher's). The mined data
+# alone (`mined`) left it then, as the late recipe alone left it on 2026-11-29 (about 9 of its
+# minutes each): `--preset headline-mined-verify` and `headline-late-verify` run them (records
+# in records/study_verify/, `default_record`); records/study_verify/*_clone/ keep the earlier
+# presets' rows (mined beside minednum up to 1465571), records/study_mined_verify/ those of the
+# earlier size (300 and 150 steps).
+VERIFY_PHASES = ("minednum,c1,scales", "anchor,scales")
 BEYOND_PHASES = ("mined", "minednum")
 BEYOND_RECORD = REPO / "records" / "study_mined"  # `--preset headline-beyond`'s default `--record`
 # `--preset headline-verify`'s default `--record` since its 2026-11-29 size (twin 200 steps,
@@ -767,8 +769,9 @@ LATE800_ROWS = {label: REPO / "records/study_headline/results" / evaluate.slug(l
 def phase_pairs(seeds: list[int], *, verify: bool,
                 phases: Sequence[str] = BEYOND_PHASES) -> list[tuple[str, str]]:  # fmt: skip
     """The paired tests that say what each phase adds, per seed and for the seed mean: each phase
-    against the twin it started from; each numeric one (minednum...) against the late numeric
-    recipe and, where "mined" is among `phases`, against the mined data alone."""
+    against the twin (for a chained phase, `phase_start`, first against the phase it started
+    from); each numeric one (minednum...) against the late numeric recipe and, where "mined" is
+    among `phases`, against the mined data alone."""
     tags = [f"s{seed}" for seed in seeds]
     if len(seeds) > 1:
         tags.append("+".join(tags))
@@ -779,6 +782,9 @@ def phase_pairs(seeds: list[int], *, verify: bool,
         twin = f"Distill lp {size} {tag}"
         for phase in phases:
             label = f"{phase_head(phase, verify=verify)} {tag}"
+            base = phase_start(phase, phases)
+            if base is not None:
+                pairs.append((label, f"{phase_head(base, verify=verify)} {tag}"))
             pairs.append((label, twin))
             if pilot_group(phase) == "minednum":
                 pairs.append((label, f"{late} lp {size} {tag}"))
@@ -790,12 +796,32 @@ def phase_pairs(seeds: list[int], *, verify: bool,
 SCALES_SUFFIX = "_scales"  # a phase data folder with every scale swap both ways
 
 
+CHAINED = "anchor"  # the phase that starts from the phase before it, not from the twin
+
+
+def phase_start(variant: str, variants: Sequence[str]) -> str | None:
+    """The phase `variant` starts from: None for the twin; for an anchor phase (`CHAINED`: it
+    holds its start's passage side, so its start is a trained phase) the phase before it in
+    `variants`. ValueError for an anchor phase with none before it."""
+    if pilot_group(variant) != CHAINED:
+        return None
+    index = list(variants).index(variant)
+    if index == 0:
+        raise ValueError(f"phase {variant!r} starts from the phase before it: none in "
+                         f"{list(variants)}")  # fmt: skip
+    return variants[index - 1]
+
+
 def phase_data(variant: str) -> str:
-    """The data folder of a phase run from the twin: the mined variants train on the passages
-    that get a question ("data_mined"), late and late800 on the late data ("data_late"); with
-    `scales` (every scale swap both ways) in its own folder ("data_mined_scales")."""
-    folder = "data_mined" if variant.startswith("mined") else "data_late"
-    return f"{folder}{SCALES_SUFFIX}" if "scales" in variant.split(",") else folder
+    """The data folder of a phase: the mined variants (and the anchor phase) train on the
+    passages that get a question ("data_mined"), late and late800 on the late data
+    ("data_late"); with `scales` (every scale swap both ways) in its own folder
+    ("data_mined_scales"), the anchor phase's with its start's vectors in another
+    ("data_mined_scales_anchor"; `run_phases` adds the seed, as each seed's start differs)."""
+    head, *rest = variant.split(",")
+    folder = "data_mined" if head in ("mined", "minednum", CHAINED) else "data_late"
+    folder += SCALES_SUFFIX if "scales" in rest else ""
+    return f"{folder}_anchor" if head == CHAINED else folder
 
 
 def same_passages(folder: str) -> str | None:
@@ -1033,20 +1059,24 @@ def pilot_report(folder: Path, scored: dict[str, Path], scales_paths: dict[str, 
 
 def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                run_graph: GraphFn | None = None) -> None:  # fmt: skip
-    """Each phase of `variants` (`late`, `late800`, `mined`, `minednum`: a
-    `configs/headline.py` variant started from the twin's export) from each seed's distilled
-    twin (`:distill`, the run `headline-soup` blends with), trained, exported and scored
-    (FinanceBench + the NumGap test set), with the stages that do not wait on each other side
-    by side (`args.jobs` at a time, each pinned to its share of the cores: two one-core
-    trainings did ~1.4x the work of one two-core training, docs/benchmarks_history.md,
-    2026-11-26; the verification preset's two phases 1.17x, docs/results.md). The twins of
-    several seeds train together, after the data and teacher vectors (one stage at a time, on
-    every core; a phase's data reuses the twin data's vectors of equal texts). A single twin
-    trains alone on every core, as every later training waits for it, and the stages before it
-    pair up: the twin's data and vectors beside the phases' data and vectors and (at the
-    verification size) the Teacher's and plain all-MiniLM-L6-v2's scoring, which the report
-    (`run_headline`) then finds done. Each stage skips what is done. `run_graph(stages, times)`
-    runs the graph (default `stages.run_stages`)."""
+    """Each phase of `variants` (`late`, `late800`, `mined`, `minednum`...: a
+    `configs/headline.py` variant started from the twin's export; `anchor...`: started from the
+    export of the phase before it, `phase_start`) from each seed's distilled twin (`:distill`,
+    the run `headline-soup` blends with), trained, exported and scored (FinanceBench + the NumGap
+    test set), with the stages that do not wait on each other side by side (`args.jobs` at a
+    time, each pinned to its share of the cores: two one-core trainings did ~1.4x the work of
+    one two-core training, docs/benchmarks_history.md, 2026-11-26; the verification preset's two
+    phases 1.17x, docs/results.md). The twins of several seeds train together, after the data
+    and teacher vectors (one stage at a time, on every core; a phase's data reuses the twin
+    data's vectors of equal texts). A single twin trains alone on every core, as every later
+    training waits for it, and so does a single seed's phase that no other training can pair
+    with (the only phase from the twin, or a chained one); the stages before the twin pair up:
+    the twin's data and vectors beside the phases' data and vectors and (at the verification
+    size) the Teacher's and plain all-MiniLM-L6-v2's scoring, which the report (`run_headline`)
+    then finds done. A chained phase's data (per seed: its passages' and edits' targets are its
+    start's own vectors, `teacher.passage_model_dir` following `model.init_dir`) is prepared
+    with the others and embedded once its start is exported. Each stage skips what is done.
+    `run_graph(stages, times)` runs the graph (default `stages.run_stages`)."""
     name = "headline_verify" if verify else "headline"
     size = ",verify" if verify else ""
     out = Path(args.output or f"runs/{name}").resolve()
@@ -1058,18 +1088,24 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     twin_labels = {seed: distill_label(seed, verify=verify) for seed in seeds}
     phase_labels = {(seed, variant): late_label(seed, verify=verify, variant=variant)
                     for seed in seeds for variant in variants}  # fmt: skip
+    from_twin = [variant for variant in variants if phase_start(variant, variants) is None]
+    chained = [variant for variant in variants if variant not in from_twin]
 
     def untrained(labels: Iterable[str]) -> list[str]:
         return [label for label in labels
                 if not (out / evaluate.slug(label) / "summary.json").is_file()]  # fmt: skip
 
+    def chained_folder(variant: str, seed: int) -> str:
+        return f"{phase_data(variant)}_s{seed}"
+
     # (folder, label of its stages, variant of its config, the trainings that need it)
     folders = [
         ("data", "", size.replace(",", ":"), [*twin_labels.values(), *phase_labels.values()])
     ]
-    for folder in dict.fromkeys(phase_data(variant) for variant in variants):
-        first = next(variant for variant in variants if phase_data(variant) == folder)
-        needed = [label for (_, v), label in phase_labels.items() if phase_data(v) == folder]
+    for folder in dict.fromkeys(phase_data(variant) for variant in from_twin):
+        first = next(variant for variant in from_twin if phase_data(variant) == folder)
+        needed = [label for (_, v), label in phase_labels.items()
+                  if v in from_twin and phase_data(v) == folder]  # fmt: skip
         folders.append((folder, f" {folder.removeprefix('data_')}", f":{first}{size}", needed))
     graph = StudyGraph(out)
     ready: dict[str, list[str]] = {}  # folder -> the stages its trainings wait on
@@ -1091,6 +1127,19 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
                                        ["-m", "caliber_jax.embed_teacher", *folder_args, *reuse],
                                        [stage, *(ready[base] if reuse else [])],
                                        done=False)]  # fmt: skip
+    # A chained phase's data: prepared here, with the data stages (its vectors wait for its
+    # start, below).
+    chained_prepared: dict[tuple[int, str], str] = {}
+    for seed in seeds:
+        for variant in chained:
+            if untrained([phase_labels[(seed, variant)]]):
+                folder = chained_folder(variant, seed)
+                chained_prepared[(seed, variant)] = graph.add(
+                    f"prepare {folder.removeprefix('data_')}",
+                    ["-m", "caliber_jax.prepare",
+                     *stage_args(args, out / folder, f":{variant}{size}")],
+                    (), done=(out / folder / "stats.json").is_file(),
+                )  # fmt: skip
     numgap_path = data / "numgap_test.jsonl" if verify else LONG_RECORD / "data/numgap_test.jsonl"
     test_common = eval_args(args, numgap_path)
 
@@ -1101,7 +1150,8 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     # Priority is list order: the data first; at the verification size the report's references
     # next (after the twin data: its NumGap test set), so that they fill the cores the data
     # stages leave rather than wait for the phases; then the trainings, so that two of them pair
-    # up; the other scorings fill in.
+    # up; the chained phases' vectors and trainings once their starts are exported; the other
+    # scorings fill in.
     if verify:
         score("Teacher", mpnet_teacher(), ["prepare"], "--backend=torch")
         score(PLAIN_VERIFY, Path(demo.minilm_dir()), ["prepare"])
@@ -1111,14 +1161,34 @@ def run_phases(args, run: RunFn, *, variants: Sequence[str], verify: bool,
     starts = {seed: graph.export(twin_labels[seed], workdir, stage)
               for seed, (stage, workdir) in twins.items()}  # fmt: skip
     phases = {}
-    for (seed, variant), label in phase_labels.items():
-        stage, hf = starts[seed]
-        folder = phase_data(variant)
-        argv = [*stage_args(args, out / folder, f":{variant}{size}"),
-                f"--config.model.init_dir={hf}"]  # fmt: skip
-        phases[label] = graph.train(label, argv, seed, [stage, *ready.get(folder, [])])
+    for seed in seeds:
+        for variant in from_twin:
+            stage, hf = starts[seed]
+            folder = phase_data(variant)
+            argv = [*stage_args(args, out / folder, f":{variant}{size}"),
+                    f"--config.model.init_dir={hf}"]  # fmt: skip
+            phases[phase_labels[(seed, variant)]] = graph.train(
+                phase_labels[(seed, variant)], argv, seed, [stage, *ready.get(folder, [])],
+                alone=one and len(from_twin) == 1,
+            )  # fmt: skip
     exports = {label: graph.export(label, workdir, stage)
                for label, (stage, workdir) in phases.items()}  # fmt: skip
+    for seed in seeds:
+        for variant in chained:  # in list order: each start is exported before it
+            label = phase_labels[(seed, variant)]
+            start_stage, hf = exports[phase_labels[(seed, phase_start(variant, variants))]]
+            folder = chained_folder(variant, seed)
+            argv = [*stage_args(args, out / folder, f":{variant}{size}"),
+                    f"--config.model.init_dir={hf}"]  # fmt: skip
+            after = [start_stage]
+            if (seed, variant) in chained_prepared:
+                after.append(graph.add(
+                    f"teacher vectors {folder.removeprefix('data_')}",
+                    ["-m", "caliber_jax.embed_teacher", *argv],
+                    [chained_prepared[(seed, variant)], start_stage], done=False,
+                ))  # fmt: skip
+            stage, workdir = graph.train(label, argv, seed, after, alone=one)
+            exports[label] = graph.export(label, workdir, stage)
     for seed in seeds:
         stage, hf = starts[seed]
         score(twin_labels[seed], hf, [stage])

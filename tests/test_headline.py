@@ -529,8 +529,8 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
     """`--preset headline-late` with each stage replaced by what it writes: the late data and its
     teacher vectors beside the headline data's (one seed: written side by side, not reused), the
     distilled twin trains alone and is exported, the late run starts from that export with
-    `:late`, and both are scored on the recorded test set into the headline's results; a rerun
-    repeats nothing."""
+    `:late` (alone too: no other training can pair with it), and both are scored on the
+    recorded test set into the headline's results; a rerun repeats nothing."""
     import argparse
 
     import study_headline
@@ -551,7 +551,9 @@ def test_late_trains_the_twin_then_the_numeric_recipe_from_its_export(tmp_path):
         "evaluate Distill lp long s0", "evaluate Late lp long s0",
     ]  # fmt: skip
     (graph,) = fake_graph.graphs
-    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp long s0"]
+    # One seed, one phase: nothing can pair with either training, so each takes every core.
+    assert [stage.name for stage in graph if stage.alone] == [
+        "train Distill lp long s0", "train Late lp long s0"]  # fmt: skip
     assert {s.name: s.after for s in graph}["train Late lp long s0"] == (
         "export Distill lp long s0", "teacher vectors late")  # fmt: skip
     assert not [a for a in argv["teacher vectors late"] if a.startswith("--reuse_from")]
@@ -601,20 +603,19 @@ def test_late_at_the_verification_size_scores_the_twin_on_its_own_test_set(tmp_p
         assert f"--numgap={out / 'data' / 'numgap_test.jsonl'}" in argv[f"evaluate {label}"]
 
 
-def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
-    tmp_path, monkeypatch
-):
+def test_headline_verify_trains_the_shipped_recipe_then_reports_every_row(tmp_path, monkeypatch):
     """`--preset headline-verify` end to end with each stage replaced by what it writes, as one
-    graph: the twin's data and vectors beside the mined data and its vectors (written side by
-    side, so not reused), the chosen numeric phase's data (every scale swap both ways) copying
-    the mined vectors once they exist; the twin alone on every core; the mined and the chosen
-    mined + numeric phases from its export once their data is there (free to pair); every model
-    scored on the
-    verify test set, the teacher and plain MiniLM as soon as the test set exists, the fitted
-    start exported at interpolate 0; the report finds them done and puts every row in one table.
-    Scheduled with the runner's own rule at stage times measured on 2 cores, the data stages pair
-    up, the teacher's scoring ends before the twin, the twin runs with nothing beside it, and
-    after the phases only their own exports and scorings remain."""
+    graph: the twin's data and vectors beside the numeric phase's (every scale swap both ways,
+    written side by side, so not reused) and the anchor phase's prepared data; the twin alone on
+    every core, the chosen mined + numeric phase alone from its export, the anchor phase's
+    vectors (passages and edits by that phase's export: `--config.model.init_dir`, which
+    `teacher.passage_model_dir` follows) once it is exported, then the anchor phase alone from
+    the same export; every model scored on the verify test set, the teacher and plain MiniLM as
+    soon as the test set exists, the fitted start exported at interpolate 0; the report finds
+    them done and puts every row in one table, with what each phase adds. Scheduled with the
+    runner's own rule at stage times measured on 2 cores, the data stages pair up, the
+    teacher's scoring ends before the twin, nothing runs beside a training, and after the anchor
+    phase only its own export and the last scorings remain."""
     import argparse
 
     import fetch_mpnet
@@ -647,49 +648,56 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     (graph,) = fake_graph.graphs
     assert fake_run.stages[: len(graph)] == [stage.name for stage in graph]
     by_name = {stage.name: stage for stage in graph}
-    numeric = "Minednum c1 scales lp verify s0"
+    numeric, anchor = "Minednum c1 scales lp verify s0", "Anchor scales lp verify s0"
+    twin = "Distill lp verify s0"
     assert [stage.name for stage in graph] == [
-        "prepare", "teacher vectors", "prepare mined", "teacher vectors mined",
-        "prepare mined_scales", "teacher vectors mined_scales",
-        "evaluate Teacher", "evaluate Plain MiniLM", "train Distill lp verify s0",
-        "export Distill lp verify s0", "train Mined lp verify s0", f"train {numeric}",
-        "export Mined lp verify s0", f"export {numeric}",
-        "evaluate Distill lp verify s0", "evaluate Mined lp verify s0",
-        f"evaluate {numeric}", "export Initial lp verify s0",
-        "evaluate Initial lp verify s0",
+        "prepare", "teacher vectors", "prepare mined_scales", "teacher vectors mined_scales",
+        "prepare mined_scales_anchor_s0", "evaluate Teacher", "evaluate Plain MiniLM",
+        f"train {twin}", f"export {twin}", f"train {numeric}", f"export {numeric}",
+        "teacher vectors mined_scales_anchor_s0", f"train {anchor}", f"export {anchor}",
+        f"evaluate {twin}", f"evaluate {numeric}", f"evaluate {anchor}",
+        "export Initial lp verify s0", "evaluate Initial lp verify s0",
     ]  # fmt: skip
-    assert [stage.name for stage in graph if stage.alone] == ["train Distill lp verify s0"]
+    assert [stage.name for stage in graph if stage.alone] == [
+        f"train {twin}", f"train {numeric}", f"train {anchor}"]  # fmt: skip
     assert [stage.name for stage in graph if not stage.after] == [
-        "prepare", "prepare mined", "prepare mined_scales"]  # fmt: skip
-    assert by_name["teacher vectors mined"].after == ("prepare mined",)
-    assert not [a for a in by_name["teacher vectors mined"].args if a.startswith("--reuse")]
-    # The scales folder holds the mined passages with other unit edits: it copies their vectors.
-    assert by_name["teacher vectors mined_scales"].after == (
-        "prepare mined_scales", "teacher vectors mined")  # fmt: skip
-    assert f"--reuse_from={out / 'data_mined'}" in by_name["teacher vectors mined_scales"].args
-    assert by_name["train Distill lp verify s0"].after == ("teacher vectors",)
+        "prepare", "prepare mined_scales", "prepare mined_scales_anchor_s0"]  # fmt: skip
+    assert by_name["teacher vectors mined_scales"].after == ("prepare mined_scales",)
+    assert not [a for a in by_name["teacher vectors mined_scales"].args if a.startswith("--reuse")]
+    assert by_name[f"train {twin}"].after == ("teacher vectors",)
     assert by_name["evaluate Teacher"].after == ("prepare",)
-    # both wait for the twin and their data only: they pair
-    assert by_name["train Mined lp verify s0"].after == (
-        "export Distill lp verify s0", "teacher vectors mined")  # fmt: skip
-    assert by_name[f"train {numeric}"].after == (
-        "export Distill lp verify s0", "teacher vectors mined_scales")  # fmt: skip
-    seconds = {"prepare": 40, "teacher vectors": 420, "prepare mined": 106,
-               "teacher vectors mined": 650, "prepare mined_scales": 106,
-               "teacher vectors mined_scales": 60, "train Distill lp verify s0": 450,
-               "evaluate Teacher": 337, "train Mined lp verify s0": 810,
-               f"train {numeric}": 810}  # fmt: skip
+    assert by_name[f"train {numeric}"].after == (f"export {twin}", "teacher vectors mined_scales")
+    # The anchor data's vectors: its passages by the numeric phase's export, once it exists.
+    vectors = by_name["teacher vectors mined_scales_anchor_s0"]
+    assert vectors.after == ("prepare mined_scales_anchor_s0", f"export {numeric}")
+    assert by_name[f"train {anchor}"].after == (
+        f"export {numeric}", "teacher vectors mined_scales_anchor_s0")  # fmt: skip
+    numeric_hf = out / "Minednum_c1_scales_lp_verify_s0" / "hf"
+    for stage in (vectors, by_name[f"train {anchor}"]):
+        assert f"--config.model.init_dir={numeric_hf}" in stage.args
+        assert f"--config.data.dir={out / 'data_mined_scales_anchor_s0'}" in stage.args
+        assert any(a.endswith("configs/headline.py:anchor,scales,verify") for a in stage.args)
+        assert not [a for a in stage.args if a.startswith("--reuse")]
+    # What the passage model of those stages resolves to: the numeric phase's export.
+    from stages import resolve_config
+
+    config = resolve_config([a for a in vectors.args if a.startswith("--config")])
+    assert config.teacher.passage_model_dir == str(numeric_hf)
+    # Stage times measured on 2 cores (records/study_verify/anchor_clone/).
+    seconds = {"prepare": 40, "teacher vectors": 250, "prepare mined_scales": 110,
+               "teacher vectors mined_scales": 410, "prepare mined_scales_anchor_s0": 110,
+               "evaluate Teacher": 335, f"train {twin}": 390, f"train {numeric}": 390,
+               "teacher vectors mined_scales_anchor_s0": 100, f"train {anchor}": 390}  # fmt: skip
     spans = _schedule(graph, {name: seconds.get(name, 3 if name.startswith("export") else 52)
                               for name in by_name}, jobs=2)  # fmt: skip
-    assert spans["prepare mined"][0] == 0 and spans["prepare"][0] == 0
-    twin = spans["train Distill lp verify s0"]
-    assert spans["evaluate Teacher"][1] <= twin[0]  # beside the data stages, not at the end
-    assert all(end <= twin[0] or start >= twin[1] for name, (start, end) in spans.items()
-               if name != "train Distill lp verify s0")  # fmt: skip
-    assert spans["train Mined lp verify s0"][0] == spans[f"train {numeric}"][0]
-    # After the phases only their own exports and the last scorings remain (two rounds).
-    phases_end = max(spans[f"train {p}"][1] for p in ("Mined lp verify s0", numeric))
-    assert max(end for _, end in spans.values()) - phases_end <= 2 * 3 + 2 * 52
+    assert spans["prepare mined_scales"][0] == 0 and spans["prepare"][0] == 0
+    assert spans["evaluate Teacher"][1] <= spans[f"train {twin}"][0]
+    for training in (twin, numeric, anchor):
+        start, end = spans[f"train {training}"]
+        assert all(e <= start or s >= end for name, (s, e) in spans.items()
+                   if name != f"train {training}"), training  # fmt: skip
+    anchor_end = spans[f"train {anchor}"][1]
+    assert max(end for _, end in spans.values()) - anchor_end <= 3 + 2 * 52
     study_headline.run_headline(args, fake_run, verify=True)
     graph_stages = [stage.name for stage in graph]
     after_graph = fake_run.stages[len(graph_stages) :]
@@ -703,44 +711,50 @@ def test_headline_verify_trains_both_phases_side_by_side_then_reports_every_row(
     assert f"--model={tmp_path / 'minilm'}" in argv["evaluate Plain MiniLM"]
     assert "--backend=torch" in argv["evaluate Teacher"]
     assert f"--workdir={out / 'Distill_lp_verify_s0'}" in argv["export Initial lp verify s0"]
-    start = out / "Distill_lp_verify_s0" / "hf"
-    for label, variant, folder in (
-        ("Mined lp verify s0", "mined", "data_mined"),
-        (numeric, "minednum,c1,scales", "data_mined_scales"),
-    ):
-        train = argv[f"train {label}"]
-        assert f"--config.data.dir={out / folder}" in train
-        assert f"--config.model.init_dir={start}" in train
-        assert any(a.endswith(f"configs/headline.py:{variant},verify") for a in train)
+    train = argv[f"train {numeric}"]
+    assert f"--config.data.dir={out / 'data_mined_scales'}" in train
+    assert f"--config.model.init_dir={out / 'Distill_lp_verify_s0' / 'hf'}" in train
+    assert any(a.endswith("configs/headline.py:minednum,c1,scales,verify") for a in train)
     report = (out / "study.md").read_text()
-    for label in ("Teacher", "Plain MiniLM", "Initial lp verify s0", "Distill lp verify s0",
-                  "Mined lp verify s0", numeric):  # fmt: skip
+    for label in ("Teacher", "Plain MiniLM", "Initial lp verify s0", twin, numeric, anchor):
         assert f"| {label} |" in report, label
-    assert "Late lp verify" not in report
+    assert "Late lp verify" not in report and "Mined lp verify" not in report
     # What each phase adds, and every trained model against plain MiniLM.
     assert paired["against"] == "Plain MiniLM"
-    assert paired["pairs"] == [
-        ("Mined lp verify s0", "Distill lp verify s0"), (numeric, "Distill lp verify s0"),
-        (numeric, "Late lp verify s0"), (numeric, "Mined lp verify s0")]  # fmt: skip
+    assert paired["pairs"] == [(numeric, twin), (numeric, "Late lp verify s0"), (anchor, numeric),
+                               (anchor, twin)]  # fmt: skip
     assert ("Minednum lp verify s0+s1", "Late lp verify s0+s1") in study_headline.phase_pairs(
         [0, 1], verify=True
     )
     # The wall-clock table counts the graph's stages too (each faked at 1.5 s).
-    for stage in ("prepare mined", "train Distill lp verify s0", f"train {numeric}"):
+    for stage in ("prepare mined_scales", f"train {twin}", f"train {anchor}"):
         assert f"| {stage} | 2 |" in report, stage
     # A rerun finds everything done: no graph.
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
     assert len(fake_graph.graphs) == 1
-    # A twin and a phase trained again (their data done): the vectors first, the twin alone.
+    # The twin and the anchor phase trained again (their data prepared): the vectors first.
     (out / "Distill_lp_verify_s0" / "summary.json").unlink()
-    (out / "Mined_lp_verify_s0" / "summary.json").unlink()
+    (out / "Anchor_scales_lp_verify_s0" / "summary.json").unlink()
     study_headline.run_phases(args, fake_run, variants=study_headline.VERIFY_PHASES, verify=True,
                               run_graph=fake_graph)  # fmt: skip
     rerun = {stage.name: stage for stage in fake_graph.graphs[-1]}
-    assert list(rerun) == ["teacher vectors", "teacher vectors mined",
-                           "train Distill lp verify s0", "train Mined lp verify s0"]  # fmt: skip
-    assert rerun["train Distill lp verify s0"].alone
+    assert list(rerun) == ["teacher vectors", f"train {twin}",
+                           "teacher vectors mined_scales_anchor_s0", f"train {anchor}"]  # fmt: skip
+    assert rerun[f"train {twin}"].alone and rerun[f"train {anchor}"].alone
+
+
+def test_a_chained_phase_needs_a_phase_before_it():
+    """An anchor phase starts from the phase before it (`phase_start`): first in the list, it
+    has none, and the study refuses it before any stage runs."""
+    import study_headline
+
+    assert study_headline.phase_start("anchor,scales", ("minednum,c1", "anchor,scales")) == (
+        "minednum,c1"
+    )
+    assert study_headline.phase_start("minednum,c1", ("minednum,c1", "anchor,scales")) is None
+    with pytest.raises(ValueError, match="starts from the phase before it"):
+        study_headline.phase_start("anchor", ("anchor", "late"))
 
 
 def _schedule(graph, seconds: dict[str, float], jobs: int) -> dict[str, tuple[float, float]]:
@@ -1231,7 +1245,7 @@ def test_model_card_states_the_mined_objective_and_data():
         ("headline-late-verify", ("late",), True, False),
         ("headline-mined", ("mined",), False, False),
         ("headline-minednum-verify", ("minednum",), True, False),
-        ("headline-verify", ("mined", "minednum,c1,scales"), True, True),
+        ("headline-verify", ("minednum,c1,scales", "anchor,scales"), True, True),
         ("headline-beyond", ("mined", "minednum"), False, True),
     ],
 )
