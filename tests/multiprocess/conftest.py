@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from caliber_jax import checkpoint
-from tests.conftest import prepare_sample
+from tests.conftest import prepare_sample, with_opt_level
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "local_multiprocess.sh"
@@ -44,11 +44,14 @@ EMBED = ["--config.teacher.max_length=48", "--config.teacher.chunk_rows=16"]
 class Launch:
     """One `local_multiprocess.sh` run in its own process group; output goes to `log`."""
 
-    def __init__(self, num: int, *command: str, devices: int, log: Path):
+    def __init__(self, num: int, *command: str, devices: int, log: Path,
+                 opt_level: int | None = None):  # fmt: skip
         self.log = log
         # PYTHONFAULTHANDLER: a SIGABRT (`dump_stacks`) writes every thread's Python stack.
         env = dict(os.environ, LOCAL_DEVICES=str(devices), PYTHONUNBUFFERED="1",
                    PYTHONFAULTHANDLER="1")  # fmt: skip
+        if opt_level is not None:  # XLA's LLVM level, as in the tests' own process
+            env["XLA_FLAGS"] = with_opt_level(env.get("XLA_FLAGS"), opt_level)
         with open(log, "w") as handle:
             self.proc = subprocess.Popen(
                 ["bash", str(LAUNCHER), str(num), "--", *command],
@@ -93,8 +96,11 @@ class Launch:
         return self.output()[-chars:]
 
 
-def launch(num: int, *command: str, devices: int = 2, log: Path) -> Launch:
-    return Launch(num, *command, devices=devices, log=log)
+def launch(num: int, *command: str, devices: int = 2, log: Path,
+           opt_level: int | None = None) -> Launch:  # fmt: skip
+    """`command` in `num` processes of `devices` CPU devices each; `opt_level`: XLA's LLVM
+    optimisation level for them (default: XLA's, as users run the entry points)."""
+    return Launch(num, *command, devices=devices, log=log, opt_level=opt_level)
 
 
 def module(name: str, *args: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Training with 2 JAX processes x 2 CPU devices against 1 process x 4 devices.
+"""Training with 2 JAX processes x 2 CPU devices against 1 process x 4 devices (this one).
 
 Parity of the packed step every config trains with (one program per row count, each program
 finished before the next is issued on a CPU of several devices: issue #34's deadlock), kill -9 of
@@ -9,6 +9,7 @@ only), and the 2-process checkpoint exported by a single process. The 2-process 
 epath end to end.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -22,17 +23,19 @@ import pytest
 from safetensors.numpy import load_file
 
 from caliber_jax.models import embedding, hf
-from tests.conftest import relative_gaps, step_metrics
+from tests.conftest import IN_PROCESS_OPT_LEVEL, relative_gaps, step_metrics
 from tests.multiprocess.conftest import (
     LR,
     REPO,
     TIMEOUT_S,
+    TINY,
     flat_params,
     launch,
     max_abs_diff,
     train_command,
     wait_for,
 )
+from tests.test_train import train_in_process
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow(180)]
 # The only training layout (docs/training_path.md), in float32 and in bfloat16 (on a CPU with
@@ -42,24 +45,25 @@ LAYOUTS = {"packed": [], "packed_bf16": ["--config.model.dtype=bfloat16"]}
 
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
-    """Finished runs: {(processes, layout): workdir}; the 2-process one via file:// URLs."""
+    """Finished runs: {(processes, layout): workdir}; the 2-process one via file:// URLs.
+
+    The 1-process x 4-device reference trains in this process, on 4 of the tests' 8 simulated
+    devices (`train_in_process`: the same sharded programs as a launch, without its imports), at
+    the tests' LLVM level; the 2-process launches compile at that level too, so both sides of
+    every comparison run the same machine code settings."""
     root = tmp_path_factory.mktemp("runs")
     done = {}
     for layout in LAYOUTS:
         # A layout's 2-process run and its 1-process reference side by side: most of a tiny
         # run is single-threaded (imports, tracing, compiling), which the other run fills.
-        started = []
-        for processes, devices in ((2, 2), (1, 4)):
-            workdir = root / f"{processes}x{devices}_{layout}"
-            data, work = data_dir, workdir
-            if processes == 2:
-                data, work = f"file://{data_dir}", f"file://{workdir}"
-            run = launch(processes, *train_command(data, work, *LAYOUTS[layout]),
-                         devices=devices, log=root / f"{workdir.name}.log")  # fmt: skip
-            started.append((processes, workdir, run))
-        for processes, workdir, run in started:
-            run.check()
-            done[(processes, layout)] = workdir
+        two = root / f"2x2_{layout}"
+        run = launch(2, *train_command(f"file://{data_dir}", f"file://{two}", *LAYOUTS[layout]),
+                     log=root / f"{two.name}.log", opt_level=IN_PROCESS_OPT_LEVEL)  # fmt: skip
+        one = root / f"1x4_{layout}"
+        with open(root / f"{one.name}.log", "w") as log, contextlib.redirect_stderr(log):
+            train_in_process(data_dir, one, *TINY, *LAYOUTS[layout], devices=4)
+        run.check()
+        done[(2, layout)], done[(1, layout)] = two, one
     return done
 
 
@@ -168,13 +172,16 @@ def test_export_of_a_two_process_checkpoint_in_one_process(runs, tmp_path):
 
 def test_kill_one_process_then_restart_both_is_bit_identical(runs, data_dir, tmp_path):
     workdir = tmp_path / "killed"
-    run = launch(2, *train_command(data_dir, workdir), log=tmp_path / "killed.log")
+    # At the level of the uninterrupted run it is compared with, bit for bit.
+    run = launch(2, *train_command(data_dir, workdir), log=tmp_path / "killed.log",
+                 opt_level=IN_PROCESS_OPT_LEVEL)  # fmt: skip
     wait_for(lambda: (workdir / "checkpoints" / "2").is_dir(), run)
     os.kill(run.pids()[1], signal.SIGKILL)
     assert run.wait() != 0  # the launcher stops the survivor and reports the failure
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps and steps[-1] < 6, steps
-    resumed = launch(2, *train_command(data_dir, workdir), log=tmp_path / "resumed.log")
+    resumed = launch(2, *train_command(data_dir, workdir), log=tmp_path / "resumed.log",
+                     opt_level=IN_PROCESS_OPT_LEVEL)  # fmt: skip
     resumed.check()
     assert "resumed from" in resumed.output()
     a, step_a = flat_params(runs[(2, "packed")])
@@ -209,7 +216,9 @@ def test_sigterm_to_one_process_checkpoints_everywhere_and_exits_75(data_dir, tm
         "--config.eval_every=1000", "--config.watchdog_factor=1", "--config.watchdog_min_s=150",
     )  # fmt: skip
     per_process = f'exec "$@" --config.data.dir={tmp_path}/copy$JAX_PROCESS_ID'
-    run = launch(2, "bash", "-c", per_process, "bash", *command, log=tmp_path / "term.log")
+    # The tests' LLVM level: what is checked here is the stop, not the steps' code.
+    run = launch(2, "bash", "-c", per_process, "bash", *command, log=tmp_path / "term.log",
+                 opt_level=IN_PROCESS_OPT_LEVEL)  # fmt: skip
     metrics = workdir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
     os.kill(run.pids()[1], signal.SIGTERM)  # only process 1: process 0 must learn it
