@@ -27,12 +27,13 @@ trained objective. The step is every config's (docs/training_path.md): packed ro
 at most 3 row counts, gradients and update in one program per row count; the recorded runs
 (docs/results.md) used the packed layout with the update as a second program, the same gradients.
 
-Variant `verify`: the same recipe at a size two CPU cores run in 32 minutes from a fresh clone
-where they have bfloat16 instructions (dtype `auto`), 42 in float32 elsewhere (teacher vectors and
-XLA compiles included; the budget is ~30): 1,600 passages, 200 steps, a
-260-record NumGap test set; with `late`, `mined` or `minednum`, 100 steps (`--preset
-headline-verify` runs the twin, then `mined` and the full-size dev choice `minednum,c1,scales`
-side by side, at this size).
+Variant `verify`: the same recipe at a size two CPU cores run in about half an hour
+from a fresh clone where they have bfloat16 instructions (dtype `auto`), float32 elsewhere
+(teacher vectors and XLA compiles included; docs/results.md has the measured times): 1,600
+passages, 200 steps, a 260-record NumGap test set; with `late`, `mined`, `minednum` or `anchor`,
+100 steps (`--preset headline-verify` runs the twin, then the shipped student's recipe at this
+size: the full-size dev choice `minednum,c1,scales` from the twin, `anchor,scales` from its
+export).
 Variant `query`: with the query-geometry term (the pilots' `Pilot q50`).
 Variant `quantity`: the polarity rule restricted to direction words that govern an amount
 (`prepare.polarity_scope`), data in runs/headline_q/data (most "above"/"below" pairs
@@ -53,8 +54,7 @@ temperature 0.05); `prepare.mined_dev` writes the held-out questions the weight 
 (`--preset headline-mined-pilot[-verify]`). Variant `minednum`: the same data and contrastive term
 with the late numeric recipe in place of LEAF's alignment (neighbour hinge, structure term).
 `--preset headline-mined[num]` runs them from the twins, `--preset headline-beyond` both from
-both twins side by side; `--preset headline-verify` runs `mined` and `minednum,c1,scales` from
-its twin.
+both twins side by side; `--preset headline-verify` runs `minednum,c1,scales` from its twin.
 Variant `scales`: every scale swap in both directions (`prepare.scale_swaps = "all"`; the
 paper's set swaps million -> billion or thousand, billion -> million, thousand -> million), data
 in `<data dir>_scales`; `--preset headline-mined-pilot` trains `minednum,c1,scales` as a
@@ -66,11 +66,14 @@ shipped student's last phase, 100 steps from `--config.model.init_dir`, e.g. Min
 export): passages and their edits held at that start's own vectors, questions aligned to the
 teacher's at weight 4, data in `<data dir>_anchor`:
 
-    python -m caliber_jax.prepare --config configs/headline.py:anchor,scales --config.prepare.input=F
+    python -m caliber_jax.prepare --config configs/headline.py:anchor,scales \
+        --config.prepare.input=F
     python -m caliber_jax.embed_teacher --config configs/headline.py:anchor,scales \
         --config.model.init_dir=START            # passages by START, questions by the teacher
     python -m caliber_jax.train --config configs/headline.py:anchor,scales \
         --config.model.init_dir=START --workdir runs/anchor
+
+(`--preset headline-verify` runs it at the verification size from its Minednum c1 scales phase.)
 Variant `c<weight>` (with `mined` or `minednum`): the contrastive term's weight, e.g. `c0.1`; the
 dev choice's candidates are written so (`scripts/study_headline.py:MINED_PILOTS`), and
 `--preset headline-chosen` trains the chosen one's seeds by its variant string.
