@@ -150,8 +150,9 @@ if REHEARSAL:
 SIZES = {
     "student": "qwen3-tiny" if REHEARSAL else "qwen3-0.6b",
     "teacher": "qwen3-tiny" if REHEARSAL else "qwen3-8b",
-    # setup's prepare when no --passages-gz is carried (0: every passage of the filings)
-    "passages": 128 if REHEARSAL else 0,
+    # setup's prepare when no --passages-gz is carried (0: every passage of the filings); the
+    # rehearsal's 64 are the student parts' --pool: an epoch of 8 steps at its batch of 8.
+    "passages": 64 if REHEARSAL else 0,
     "train_steps": 4 if REHEARSAL else 8,
     "bench": (
         ["--num-batches", "1", "--repeats", "2", "--min-steps", "2", "--pool", "64",
