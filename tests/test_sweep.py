@@ -208,14 +208,15 @@ def test_derived_points_and_keep_period(sweep):
 def test_sweep_runs_trains_and_scores_derived_points(tmp_path, financebench_third):
     """The whole sweep on the bundled sample: teacher, one trained point, a mid-run checkpoint
     and a weight-space blend, each scored by `caliber_jax.evaluate` (about a minute). The student
-    keeps 1 of the teacher's 6 layers and every model is scored at 64 tokens: the sweep's
-    bookkeeping is the same at any size."""
+    keeps 1 of the teacher's 6 layers, packs its batches at one row count (one step program to
+    compile) and every model is scored at 64 tokens: the sweep's bookkeeping is the same at any
+    size."""
     out, data = tmp_path / "out", tmp_path / "data"
     overrides = (
         f"--config.data.dir={data} --config.prepare.max_passages=48 "
         "--config.prepare.max_val_passages=16 --config.data.max_length=64 "
         "--config.teacher.max_length=64 --config.batch_size=8 --config.checkpoint_every=1 "
-        "--config.keep_checkpoints=1 --config.model.num_layers=1"
+        "--config.keep_checkpoints=1 --config.model.num_layers=1 --config.data.pack_rungs=1"
     )
     command = [
         sys.executable, "scripts/sweep.py", "--config", "configs/calibrate.py", "--grid", "smoke",
