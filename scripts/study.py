@@ -105,6 +105,9 @@ PRESETS = {
             "--config.teacher.max_length=64",
             "--config.batch_size=8",
             "--config.total_steps=3",
+            # One packed row count: one train-step program per objective to compile (the
+            # multi-rung layout has its own tests; the study's stages are the same).
+            "--config.data.pack_rungs=1",
         ],
         "variants": DEMO_VARIANTS,
         "initial": True,

@@ -183,7 +183,7 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, fin
         "--config.prepare.numgap_quotas_test={'magnitude':4,'polarity':4} "
         "--config.prepare.numgap_quotas_dev={'magnitude':2} --config.batch_size=8 "
         "--config.data.max_length=64 --config.teacher.max_length=64 --config.total_steps=2 "
-        "--config.model.num_layers=1"
+        "--config.model.num_layers=1 --config.data.pack_rungs=1"
     )
     # One stage at a time (the smoke above runs them side by side): LEAF and eq. 4 differ only in
     # lambda and m, traced scalars of one step program, which the second training then reads from
