@@ -9,6 +9,7 @@ import pytest
 
 from caliber_jax import w_out_init
 from caliber_jax.data import pipeline, teacher
+from tests.conftest import IN_PROCESS_OPT_LEVEL
 from tests.multiprocess.conftest import EMBED, launch, module, train_command
 
 pytestmark = pytest.mark.multiprocess
@@ -51,9 +52,11 @@ def test_import_rows_by_process_then_one_w_out_fit_shared(data_dir, tmp_path):
         np.testing.assert_array_equal(got, want)
 
     workdir = tmp_path / "run"
+    # The tests' LLVM level: the fit and the W_out every process starts from are checked here,
+    # not the steps' code.
     run = launch(2, *train_command(out, workdir, *DIM, "--config.model.w_out_init=lstsq",
                                    "--config.total_steps=2"),
-                 log=tmp_path / "train.log")  # fmt: skip
+                 log=tmp_path / "train.log", opt_level=IN_PROCESS_OPT_LEVEL)  # fmt: skip
     run.check()
     output = run.output()
     assert output.count("W_out fitted by least squares") == 1, run.tail()
