@@ -9,9 +9,11 @@
 Every stage is the user-facing CLI (prepare, embed_teacher, train, export, evaluate), run as a
 subprocess with the same config file, so the study is also a test of the commands in the README.
 LEAF and Caliber share the initialisation, seed and data order; only lambda (and margin) differ.
-Writes <output>/study.json (all results + wall-clock times), study.md (tables) and plots. The demo
-ends with a before/after table (`before_after_table`): its student trained with the numeric
-objective against its teacher, its untrained start and LEAF, with paired tests.
+`--data` starts from a folder already prepared with its teacher vectors instead (the tests share
+one between two studies). Writes <output>/study.json (all results + wall-clock times), study.md
+(tables) and plots. The demo ends with a before/after table (`before_after_table`): its student
+trained with the numeric objective against its teacher, its untrained start and LEAF, with paired
+tests.
 """
 
 import argparse
@@ -217,6 +219,13 @@ def main() -> None:
     parser.add_argument(
         "--financebench", default=str(REPO / "data/sample/financebench_open_source.jsonl.gz")
     )
+    parser.add_argument(
+        "--data", default=None,
+        help="(--preset demo, full, numeric, smoke) a data folder already prepared with its "
+        "teacher vectors, e.g. an earlier study's <output>/data made with the same prepare and "
+        "teacher settings: used instead of <output>/data, without the prepare and teacher-vector "
+        "stages",
+    )  # fmt: skip
     parser.add_argument("--overrides", default="", help="extra --config.* flags (space "
                         "separated), applied last to every stage")  # fmt: skip
     parser.add_argument("--seeds", default="0")
@@ -308,7 +317,9 @@ def main() -> None:
 
     preset = PRESETS[args.preset]
     out = Path(args.output or f"runs/{args.preset}").resolve()
-    data = out / "data"
+    data = Path(args.data).resolve() if args.data else out / "data"
+    if args.data:
+        check_prepared(data)
     common = [f"--config={REPO / preset['config']}", f"--config.data.dir={data}"]
     common += preset["overrides"]
     if args.filings:
@@ -339,13 +350,14 @@ def main() -> None:
     numgap = data / "numgap_test.jsonl"
     eval_args = [f"--tasks={TASKS}", f"--financebench={args.financebench}",
                  f"--numgap={numgap}", *preset.get("eval_args", [])]  # fmt: skip
+    building = data_stages(common, prepared=bool(args.data))
+    prepared = tuple(stage.name for stage in building)  # what the trainings wait for
     plan = [
-        Stage("prepare", ("-m", "caliber_jax.prepare", *common)),
-        Stage(
-            "evaluate " + ", ".join(models), _evaluate_args(models, out, eval_args), ("prepare",)
-        ),
-        Stage("teacher vectors", ("-m", "caliber_jax.embed_teacher", *common), ("prepare",)),
-    ]
+        *building[:1],
+        Stage("evaluate " + ", ".join(models), _evaluate_args(models, out, eval_args),
+              prepared[:1]),
+        *building[1:],
+    ]  # fmt: skip
     for label, overrides in runs:
         workdir = out / evaluate.slug(label)
         hf = str(workdir / "hf")
@@ -353,7 +365,7 @@ def main() -> None:
             Stage(
                 f"train {label}",
                 ("-m", "caliber_jax.train", *common, *overrides, f"--workdir={workdir}"),
-                ("teacher vectors",),
+                prepared,
             ),  # fmt: skip
             Stage(
                 f"export {label}",
@@ -403,6 +415,27 @@ def main() -> None:
         table = before_after_table(results)
         paths.write_text_whole(out / "before_after.md", table)
         print("\n" + DEMO_HEADING + "\n\n" + table + "\n" + DEMO_EPILOGUE)
+
+
+def data_stages(common: list[str], *, prepared: bool) -> list[Stage]:
+    """The stages that build the data folder of `common` (its passages and NumGap files, then
+    the teacher vectors), or none for a folder given `prepared` (`--data`)."""
+    if prepared:
+        return []
+    return [
+        Stage("prepare", ("-m", "caliber_jax.prepare", *common)),
+        Stage("teacher vectors", ("-m", "caliber_jax.embed_teacher", *common), ("prepare",)),
+    ]
+
+
+def check_prepared(data: Path) -> None:
+    """Raises ValueError unless `data` holds what the study reads from a prepared folder: its
+    stats, the NumGap test records and the training passages' teacher vectors."""
+    missing = [name for name in ("stats.json", "numgap_test.jsonl", "teacher_train/x")
+               if not (data / name).exists()]  # fmt: skip
+    if missing:
+        raise ValueError(f"--data {data}: no {', '.join(missing)} (not a prepared data folder "
+                         "with teacher vectors; leave --data out to prepare one)")  # fmt: skip
 
 
 def _evaluate_args(models: dict[str, tuple[str, int]], out: Path, eval_args: list[str]):

@@ -10,15 +10,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow(60)
-def test_study_smoke_runs_every_stage(tmp_path, financebench_third):
-    """The demo's path cut down: LEAF and the numeric student from the same 3-layer start."""
-    out = tmp_path / "smoke"
+@pytest.fixture(scope="module")
+def smoke_study(tmp_path_factory, financebench_third) -> tuple[Path, subprocess.CompletedProcess]:
+    """`--preset smoke` run once per module: its output folder and the finished process. Its
+    prepared data folder (with teacher vectors) is also the numeric preset test's `--data`."""
+    out = tmp_path_factory.mktemp("study") / "smoke"
     result = subprocess.run(
         [sys.executable, "scripts/study.py", "--preset", "smoke", "--output", str(out),
          f"--financebench={financebench_third}"],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
+    return out, result
+
+
+@pytest.mark.slow(60)
+def test_study_smoke_runs_every_stage(smoke_study):
+    """The demo's path cut down: LEAF and the numeric student from the same 3-layer start."""
+    out, result = smoke_study
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
     assert list(study["results"]) == ["Initial", "Teacher", "LEAF s0", "Numeric s0"]
@@ -173,14 +181,20 @@ def test_demo_record_holds_the_table_it_quotes():
 
 
 @pytest.mark.slow(100)
-def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, financebench_third):
+def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(
+    tmp_path, financebench_third, smoke_study
+):
     """`--preset numeric` (issue #16) on the bundled sample, cut down by `--overrides`: the model
-    calibrating itself, LEAF and eq. 4 beside the recipe, every model scored at 128 tokens."""
+    calibrating itself, LEAF and eq. 4 beside the recipe, every model scored at 128 tokens. It
+    trains on the smoke study's data folder (`--data`): the overrides' prepare and teacher
+    settings are the smoke preset's, so preparing the sample again would write the same folder."""
+    smoke_out, smoke_result = smoke_study
+    assert smoke_result.returncode == 0, smoke_result.stderr[-3000:]
     out = tmp_path / "numeric"
     overrides = (
         "--config.prepare.max_passages=48 --config.prepare.max_val_passages=16 "
         "--config.prepare.heldout_fraction=0.34 "
-        "--config.prepare.numgap_quotas_test={'magnitude':4,'polarity':4} "
+        "--config.prepare.numgap_quotas_test={'magnitude':6,'polarity':6} "
         "--config.prepare.numgap_quotas_dev={'magnitude':2} --config.batch_size=8 "
         "--config.data.max_length=64 --config.teacher.max_length=64 --config.total_steps=2 "
         "--config.model.num_layers=1 --config.data.pack_rungs=1"
@@ -191,7 +205,7 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, fin
     result = subprocess.run(
         [sys.executable, "scripts/study.py", "--preset", "numeric", "--output", str(out),
          "--filings", "data/sample/filings.jsonl.gz", f"--financebench={financebench_third}",
-         f"--overrides={overrides}", "--jobs=1"],
+         f"--data={smoke_out / 'data'}", f"--overrides={overrides}", "--jobs=1"],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -210,6 +224,26 @@ def test_numeric_preset_trains_leaf_paper_and_recipe_at_one_length(tmp_path, fin
     assert configs["LEAF s0"]["loss"]["lam"] == 0.0
     assert configs["Caliber-paper s0"]["loss"]["objective"] == "caliber"
     assert configs["Numeric s0"]["loss"]["objective"] == "neighbour"
+    # --data: the folder given is read as it is; nothing prepared or embedded again.
+    assert not {"prepare", "teacher vectors"} & set(study["times"])
+    assert not (out / "data").exists()
+
+
+def test_data_folder_given_skips_the_data_stages_and_must_be_prepared(tmp_path):
+    """`--data`: no prepare or teacher-vector stage, and a folder without stats, NumGap test
+    records or training teacher vectors is refused up front with the ones it lacks."""
+    study = _study_module()
+    common = ["--config=configs/demo.py"]
+    assert [stage.name for stage in study.data_stages(common, prepared=False)] == [
+        "prepare", "teacher vectors",
+    ]  # fmt: skip
+    assert study.data_stages(common, prepared=True) == []
+    (tmp_path / "stats.json").write_text("{}")
+    with pytest.raises(ValueError, match="no numgap_test.jsonl, teacher_train/x"):
+        study.check_prepared(tmp_path)
+    (tmp_path / "numgap_test.jsonl").write_text("")
+    (tmp_path / "teacher_train" / "x").mkdir(parents=True)
+    study.check_prepared(tmp_path)
 
 
 @pytest.mark.parametrize("jobs", [2, 1])
