@@ -262,6 +262,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--traceback", action="store_true", help="show an error's traceback")
     args = parser.parse_args()
+    if args.data and args.preset.startswith(("mpnet", "headline")):  # their own data flows
+        parser.error(f"--data: --preset {args.preset} prepares its own data folders")
     if args.preset in ("mpnet", "mpnet-long"):
         import study_mpnet  # scripts/ is on sys.path: this file's folder
 

@@ -244,6 +244,13 @@ def test_data_folder_given_skips_the_data_stages_and_must_be_prepared(tmp_path):
     (tmp_path / "numgap_test.jsonl").write_text("")
     (tmp_path / "teacher_train" / "x").mkdir(parents=True)
     study.check_prepared(tmp_path)
+    # The presets with their own data flows refuse it rather than ignore it.
+    refused = subprocess.run(
+        [sys.executable, "scripts/study.py", "--preset", "mpnet", f"--data={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--data: --preset mpnet prepares its own data folders" in refused.stderr
 
 
 @pytest.mark.parametrize("jobs", [2, 1])
