@@ -10,7 +10,9 @@ PY=.venv/bin/python
 STEPS=${STEPS:-100}
 SEED=${SEED:-0}
 OUT=runs/q76
-SHIPPED=models/minilm-l6-caliber-finance
+# The student shipped before round 4. Since 6ee7d6f models/ holds round 4's own student, so a later
+# seed names the earlier one: SHIPPED=runs/q76/old_shipped (`git show 6ee7d6f^:models/...`).
+SHIPPED=${SHIPPED:-models/minilm-l6-caliber-finance}
 COMMON="--config.prepare.input=$F --config.prepare.max_passages=2400"
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 if [ ! -f $OUT/data_anchor/teacher_train/x/done ] && [ ! -d $OUT/data_anchor/teacher_train/x ]; then
