@@ -126,12 +126,12 @@ The student above is a 3-layer cut trained for a few dozen steps on 256 passages
 numbers its teacher does not, but it retrieves far below its teacher. The same objective at a size
 where the student also retrieves well (all-mpnet-base-v2 teacher, all-MiniLM-L6-v2 + W_out student):
   python scripts/study.py --preset headline-verify --filings FILINGS
-(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 32 minutes from a fresh clone
-on 2 CPU cores with bfloat16 instructions (AVX512_BF16) and an empty compile cache (2026-11-30,
-commit f684351; 42 minutes in float32 on CPUs without them; it needs ~16 GB of memory, the two
-last trainings side by side): mined questions lift the distilled student's FinanceBench nDCG@10
-to 0.592 against its twin's 0.552, and with the numeric objective on every scale swap as well
-NumGap-D reaches 0.081 against its teacher's 0.004 (records/study_verify/, docs/results.md).
+(FILINGS: the FinanceBench filings, filings.jsonl.gz). It took about 31 minutes from a fresh clone
+on 2 CPU cores with bfloat16 instructions (AVX512_BF16) and an empty compile cache (2026-12-02,
+commit 6ce7df1; ~10 GB of memory): mined questions with the numeric objective lift the distilled
+student's FinanceBench nDCG@10 to 0.593 against its twin's 0.552, and NumGap-D reaches 0.081
+against its teacher's 0.004; the shipped student's last phase (questions aligned to the teacher's,
+passages held) does not help at this size (0.557; records/study_verify/, docs/results.md).
 The full numeric recipe (`--preset headline-late800 --seeds 0,1`, CPU days, resumable) reaches
 nDCG@10 0.608 at NumGap-D 0.381 (records/study_headline/); the paper's own setting
 (Qwen3-Embedding-0.6B student, 8B teacher, GPU) is configs/caliber.py."""
